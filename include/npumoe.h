@@ -1,0 +1,148 @@
+/* npumoe public C API: load a Mixture-of-Experts GGUF model, open sessions,
+ * tokenize, prefill, decode and sample. Opaque handles, *_default_params(),
+ * init/free pairs; every fallible call returns an nm_status (table below) and,
+ * when given an nm_error, a one-line message saying what was wrong and where. */
+#ifndef NPUMOE_H
+#define NPUMOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Return codes. NM_OK is 0; every other value is a failure whose text is
+ * nm_status_str(). */
+typedef enum nm_status {
+    NM_OK = 0,
+    NM_ERR_INVALID_ARG,  /* a caller-supplied value is out of its domain      */
+    NM_ERR_IO,           /* a file could not be opened, read, mapped, written */
+    NM_ERR_FORMAT,       /* a file or text is malformed or lies about itself  */
+    NM_ERR_UNSUPPORTED,  /* well-formed but not supported (type, arch, ...)   */
+    NM_ERR_NOT_FOUND,    /* a required key, tensor or token is absent         */
+    NM_ERR_NOMEM,        /* an allocation failed                              */
+    NM_ERR_CAPACITY,     /* a fixed size (context, buffer) would be exceeded  */
+    NM_STATUS_COUNT
+} nm_status;
+
+/* Static text for a status ("ok", "invalid argument", ...). */
+const char *nm_status_str(nm_status status);
+
+/* Where a failing call explains itself. msg is always NUL-terminated. */
+typedef struct nm_error {
+    nm_status status;
+    char msg[512];
+} nm_error;
+
+/* ---- model ---------------------------------------------------------------- */
+
+typedef struct nm_model nm_model;
+
+typedef struct nm_model_params {
+    int n_threads; /* threads for compute; 0 = one per online CPU */
+} nm_model_params;
+
+nm_model_params nm_model_default_params(void);
+
+/* Maps the GGUF file read-only and validates it completely. */
+nm_status nm_model_load(const char *path, const nm_model_params *params,
+                        nm_model **out, nm_error *err);
+void nm_model_free(nm_model *model);
+
+/* A few facts a caller needs; the rest is printed by nm_model_describe(). */
+typedef struct nm_model_info {
+    const char *arch;       /* "qwen3moe", ...                 */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_expert;
+    int32_t n_expert_used;
+    int32_t bos_id;         /* -1 when the file has none */
+    int32_t eos_id;         /* -1 when the file has none */
+    bool add_bos;
+    uint64_t weight_bytes;  /* bytes of all tensors in the file */
+} nm_model_info;
+
+void nm_model_get_info(const nm_model *model, nm_model_info *out);
+
+/* Writes a human-readable description (hyperparameters, tensor types and
+ * sizes) to the stream, which is a FILE*. */
+void nm_model_describe(const nm_model *model, void *file);
+
+/* ---- tokenizer --------------------------------------------------------------- */
+
+/* Encodes UTF-8 text (n_bytes, not NUL-terminated). With parse_special,
+ * special-token text such as <|im_start|> becomes its id. BOS is added when
+ * add_bos is true and the vocabulary has one. On NM_ERR_CAPACITY *n_out holds
+ * the number of ids needed. Text that is not valid UTF-8 is NM_ERR_FORMAT. */
+nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes,
+                      bool add_bos, bool parse_special, int32_t *ids,
+                      size_t cap, size_t *n_out, nm_error *err);
+
+/* The bytes of one token (control tokens render as empty unless
+ * render_special). Returns the byte count, which may exceed cap (then
+ * nothing beyond cap was written), or -1 for an id out of range. */
+int32_t nm_token_to_piece(const nm_model *model, int32_t id,
+                          bool render_special, char *buf, size_t cap);
+
+/* ---- session: KV cache, prefill, decode -------------------------------------- */
+
+typedef struct nm_session nm_session;
+
+typedef struct nm_session_params {
+    int32_t n_ctx;    /* KV-cache positions; 0 = min(model's trained, 4096) */
+    int32_t n_batch;  /* max tokens per prefill step; 0 = 512              */
+} nm_session_params;
+
+nm_session_params nm_session_default_params(void);
+
+nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
+                         nm_session **out, nm_error *err);
+void nm_session_free(nm_session *session);
+
+/* Forgets every cached position. */
+void nm_session_reset(nm_session *session);
+
+/* Number of positions in the KV cache. */
+int32_t nm_session_n_past(const nm_session *session);
+
+/* Appends n tokens to the cache, processing them in batches of n_batch
+ * (each batch layer by layer). When logits is non-NULL it receives
+ * [n][n_vocab] logits if all_logits, else [n_vocab] for the last token. */
+nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n,
+                          float *logits, bool all_logits, nm_error *err);
+
+/* ---- sampling ----------------------------------------------------------------- */
+
+typedef struct nm_sampler nm_sampler;
+
+typedef struct nm_sampler_params {
+    float temperature;    /* 0 = greedy (argmax, ties to the lowest id) */
+    int32_t top_k;        /* 0 = off                                    */
+    float top_p;          /* 1 = off                                    */
+    float min_p;          /* 0 = off                                    */
+    float repeat_penalty; /* 1 = off                                    */
+    int32_t repeat_last_n;/* window for the penalty                     */
+    uint64_t seed;
+} nm_sampler_params;
+
+nm_sampler_params nm_sampler_default_params(void);
+
+nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab,
+                         nm_sampler **out, nm_error *err);
+void nm_sampler_free(nm_sampler *sampler);
+
+/* Records a token in the penalty window (prompt and generated tokens). */
+void nm_sampler_accept(nm_sampler *sampler, int32_t id);
+
+/* Picks a token from [n_vocab] logits (not modified). */
+int32_t nm_sampler_sample(nm_sampler *sampler, const float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NPUMOE_H */

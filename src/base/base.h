@@ -1,0 +1,52 @@
+/* Shared foundations of every part: error reporting into an nm_error, the
+ * always-on assertion for programmer errors, and the one allocation hook
+ * (so tests can inject failures). No part may exit() or print from here. */
+#ifndef NM_BASE_H
+#define NM_BASE_H
+
+#include "npumoe.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Programmer errors: always checked, abort with file:line. */
+#define NM_ASSERT(cond)                                                        \
+    do {                                                                       \
+        if (!(cond)) nm_assert_fail(#cond, __FILE__, __LINE__);                \
+    } while (0)
+
+_Noreturn void nm_assert_fail(const char *cond, const char *file, int line);
+
+/* Records status and a printf-style message in err (which may be NULL) and
+ * returns status, so callers write `return nm_errorf(err, NM_ERR_X, ...)`. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+nm_status nm_errorf(nm_error *err, nm_status status, const char *fmt, ...);
+
+/* Prefixes err->msg with "context: " (for adding the file or tensor name as
+ * an error travels up). Returns err->status (NM_OK if err is NULL). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+nm_status nm_error_prefix(nm_error *err, const char *fmt, ...);
+
+/* All heap memory of the library goes through these. nm_malloc returns NULL
+ * on failure (and when a test's failure injection says so). */
+void *nm_malloc(size_t n_bytes);
+void *nm_calloc(size_t n, size_t size);
+void *nm_realloc(void *ptr, size_t n_bytes);
+void nm_free(void *ptr);
+
+/* Test hook: the n-th allocation from now (0 = the next) fails; -1 = never. */
+void nm_alloc_fail_after(long n);
+
+/* Overflow-checked size arithmetic: returns 0 and leaves *out alone when the
+ * result does not fit. */
+int nm_mul_size(size_t a, size_t b, size_t *out);
+int nm_add_size(size_t a, size_t b, size_t *out);
+
+/* Monotonic wall clock in nanoseconds. */
+int64_t nm_time_ns(void);
+
+#endif /* NM_BASE_H */

@@ -1,0 +1,50 @@
+/* A tiny test harness: checks that print both sides of a failed comparison
+ * and count failures; each test program returns nm_test_finish(). */
+#ifndef NM_TEST_HARNESS_H
+#define NM_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int nm_test_failures;
+extern int nm_test_checks;
+
+#define CHECK(cond)                                                               \
+    do {                                                                          \
+        nm_test_checks++;                                                         \
+        if (!(cond)) {                                                            \
+            nm_test_failures++;                                                   \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                         \
+    } while (0)
+
+#define CHECK_INT_EQ(a, b)                                                        \
+    do {                                                                          \
+        long long va_ = (long long)(a), vb_ = (long long)(b);                     \
+        nm_test_checks++;                                                         \
+        if (va_ != vb_) {                                                         \
+            nm_test_failures++;                                                   \
+            fprintf(stderr, "%s:%d: %s == %s failed: %lld != %lld\n", __FILE__,   \
+                    __LINE__, #a, #b, va_, vb_);                                  \
+        }                                                                         \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                     \
+    do {                                                                          \
+        double va_ = (double)(a), vb_ = (double)(b);                              \
+        nm_test_checks++;                                                         \
+        if (!(va_ - vb_ <= (tol) && vb_ - va_ <= (tol))) {                        \
+            nm_test_failures++;                                                   \
+            fprintf(stderr, "%s:%d: |%s - %s| <= %g failed: %.9g vs %.9g\n",     \
+                    __FILE__, __LINE__, #a, #b, (double)(tol), va_, vb_);         \
+        }                                                                         \
+    } while (0)
+
+/* Prints "<name>: N passed, M failed" and returns the exit status. */
+int nm_test_finish(const char *name);
+
+/* Reads a whole file; returns NULL if it cannot. Caller frees with free(). */
+unsigned char *nm_test_read_file(const char *path, size_t *n_bytes);
+
+#endif
