@@ -41,7 +41,7 @@ typedef struct nm_error {
 typedef struct nm_model nm_model;
 
 typedef struct nm_model_params {
-    int n_threads; /* threads for compute; 0 = one per online CPU */
+    bool verbose; /* reserved for load progress; false = quiet */
 } nm_model_params;
 
 nm_model_params nm_model_default_params(void);
@@ -88,13 +88,17 @@ nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes,
 int32_t nm_token_to_piece(const nm_model *model, int32_t id,
                           bool render_special, char *buf, size_t cap);
 
+/* Whether a token ends generation (end of sequence/turn/text). */
+bool nm_token_is_eog(const nm_model *model, int32_t id);
+
 /* ---- session: KV cache, prefill, decode -------------------------------------- */
 
 typedef struct nm_session nm_session;
 
 typedef struct nm_session_params {
-    int32_t n_ctx;    /* KV-cache positions; 0 = min(model's trained, 4096) */
-    int32_t n_batch;  /* max tokens per prefill step; 0 = 512              */
+    int32_t n_ctx;     /* KV-cache positions; 0 = min(model's trained, 4096) */
+    int32_t n_batch;   /* max tokens per prefill step; 0 = 512              */
+    int32_t n_threads; /* compute threads; 0 = one per online CPU           */
 } nm_session_params;
 
 nm_session_params nm_session_default_params(void);

@@ -149,6 +149,14 @@ nm_status nm_gguf_writer_set_arr(nm_gguf_writer *w, const char *key, nm_gguf_typ
                                  const void *data, uint64_t n);
 nm_status nm_gguf_writer_set_arr_str(nm_gguf_writer *w, const char *key,
                                      const char *const *strs, uint64_t n);
+/* Any value, laid out as the reader returns it (so a kv read from one file
+ * copies into another): every scalar width, strings holding any bytes,
+ * arrays of strings (arr.data an nm_gguf_str[n]) and arrays of arrays
+ * (arr.data an nm_gguf_value[n] of ARRAY values), nested at most 8 deep.
+ * NM_ERR_INVALID_ARG for a value the reader would refuse (unknown type,
+ * integer out of its type's range, bool element not 0/1, too deep). */
+nm_status nm_gguf_writer_set_value(nm_gguf_writer *w, const char *key,
+                                   const nm_gguf_value *value);
 
 /* dims as ggml orders them: ne[0] contiguous. n_bytes must equal the size
  * implied by type and dims. */

@@ -1,0 +1,105 @@
+/* Sessions: a KV cache and work buffers over a loaded model; evaluation
+ * splits the input into batches of at most n_batch tokens, each run through
+ * all layers at once. Also the tokenizer entry points of the public API. */
+#include "engine.h"
+
+#include "base/base.h"
+#include "model/model.h"
+
+#include <string.h>
+#include <sys/resource.h>
+
+struct nm_session {
+    const nm_model *model;
+    nm_model_state *state;
+    int32_t n_past;
+};
+
+nm_session_params nm_session_default_params(void) {
+    nm_session_params p = {.n_ctx = 0, .n_batch = 0, .n_threads = 0};
+    return p;
+}
+
+nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
+                         nm_session **out, nm_error *err) {
+    *out = NULL;
+    nm_session_params p = params ? *params : nm_session_default_params();
+    if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "session sizes must not be negative (ctx %d, batch %d, threads %d)",
+                         p.n_ctx, p.n_batch, p.n_threads);
+    if (p.n_ctx == 0) p.n_ctx = model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
+    if (p.n_batch == 0) p.n_batch = 512;
+    if (p.n_threads == 0) p.n_threads = nm_cpu_count();
+    nm_session *s = nm_calloc(1, sizeof *s);
+    if (!s) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
+    s->model = model;
+    nm_status st = nm_model_state_new(model, p.n_ctx, p.n_batch, p.n_threads, &s->state, err);
+    if (st != NM_OK) {
+        nm_free(s);
+        return st;
+    }
+    *out = s;
+    return NM_OK;
+}
+
+void nm_session_free(nm_session *session) {
+    if (!session) return;
+    nm_model_state_free(session->state);
+    nm_free(session);
+}
+
+void nm_session_reset(nm_session *session) { session->n_past = 0; }
+
+int32_t nm_session_n_past(const nm_session *session) { return session->n_past; }
+
+size_t nm_session_bytes(const nm_session *session) {
+    return nm_model_state_bytes(session->state);
+}
+
+nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, float *logits,
+                          bool all_logits, nm_error *err) {
+    if (n < 1) return nm_errorf(err, NM_ERR_INVALID_ARG, "nothing to evaluate (%d tokens)", n);
+    const int32_t n_ctx = nm_model_state_n_ctx(session->state);
+    if (n > n_ctx - session->n_past)
+        return nm_errorf(err, NM_ERR_CAPACITY,
+                         "%d tokens do not fit: %d of the context's %d positions are used", n,
+                         session->n_past, n_ctx);
+    const int32_t n_batch = nm_model_state_n_batch(session->state);
+    const int32_t n_vocab = session->model->hp.n_vocab;
+    for (int32_t done = 0; done < n;) {
+        const int32_t nb = n - done < n_batch ? n - done : n_batch;
+        const bool last = done + nb == n;
+        float *out = NULL;
+        if (logits && all_logits) out = logits + (size_t)done * n_vocab;
+        else if (logits && last) out = logits;
+        nm_status st = nm_model_forward(session->model, session->state, ids + done, nb,
+                                        session->n_past, out, all_logits, err);
+        if (st != NM_OK) return st;
+        session->n_past += nb;
+        done += nb;
+    }
+    return NM_OK;
+}
+
+nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_bos,
+                      bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
+                      nm_error *err) {
+    return nm_tokenizer_encode(model->tok, text, n_bytes, add_bos, parse_special, ids, cap, n_out,
+                               err);
+}
+
+int32_t nm_token_to_piece(const nm_model *model, int32_t id, bool render_special, char *buf,
+                          size_t cap) {
+    return nm_tokenizer_piece(model->tok, id, render_special, buf, cap);
+}
+
+bool nm_token_is_eog(const nm_model *model, int32_t id) {
+    return nm_tokenizer_is_eog(model->tok, id);
+}
+
+uint64_t nm_peak_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (uint64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}

@@ -1,0 +1,52 @@
+/* CPU compute kernels: matrix multiplication per weight type, norms, RoPE,
+ * softmax, activations, causal attention. This header is the whole
+ * interface; src/kernels/ref/ holds the plain C versions that are kept
+ * forever as the reference for faster per-ISA variants.
+ * Shapes use fixed letters: M rows of activations, N outputs, K inputs. */
+#ifndef NM_KERNELS_H
+#define NM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A weight matrix [N][K] in the model file: row j is K elements of `type`
+ * starting at data + j * row_bytes. */
+typedef struct nm_mat {
+    const void *data;
+    uint32_t type; /* nm_dtype: F32, F16 or BF16 */
+    int64_t n;     /* N, output rows        */
+    int64_t k;     /* K, elements per row   */
+    size_t row_bytes;
+} nm_mat;
+
+/* y[i][j] = sum_k x[i][k] * W[j][k] for i < m and j in [j0, j1).
+ * x: [m][K] with row stride ldx; y: [m][...] with row stride ldy. */
+void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                       int64_t ldy, int64_t j0, int64_t j1);
+
+/* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n; w may be NULL
+ * (then no scaling). y may alias x. */
+void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, float eps);
+
+/* Rotary embedding, NeoX style (element i pairs with i + n_rot/2), on
+ * x: [n_head][head_dim] in place at position pos. Angles are computed as
+ * ggml does (theta_i = pos * base^(-2i/n_rot), accumulated in float). */
+void nm_rope_neox_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
+                          float freq_base);
+
+/* In place softmax over n values. */
+void nm_softmax_forward(float *x, int64_t n);
+
+/* h[i] = silu(g[i]) * u[i] for i < n. h may alias g. */
+void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n);
+
+/* Causal grouped-query attention for one query row.
+ * q: [n_head][head_dim]; k_cache, v_cache: [n_kv][kv_stride] rows of
+ * [n_head_kv][head_dim] for positions 0..n_kv-1 (n_kv includes the query's
+ * own position); out: [n_head][head_dim]; scores: scratch [n_kv].
+ * Query head h reads kv head h / (n_head / n_head_kv). */
+void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
+                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
+                          int head_dim, float scale, float *out, float *scores);
+
+#endif /* NM_KERNELS_H */

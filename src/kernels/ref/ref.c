@@ -1,0 +1,115 @@
+/* The plain C reference kernels: simple loops in the order the math is
+ * written, float accumulation except where ggml accumulates in double
+ * (norm and softmax sums), so results match llama.cpp's to float rounding. */
+#include "kernels/kernels.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Weight rows are converted to float in blocks of this many elements. */
+enum { CONVERT_BLOCK = 256 };
+
+static void convert_block(uint32_t type, const uint8_t *src, float *dst, int64_t n) {
+    nm_dequantize_row((nm_dtype)type, src, dst, n);
+}
+
+static float dot_f32(const float *a, const float *b, int64_t n) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                       int64_t ldy, int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
+    const int64_t k = w->k;
+    if (w->type == NM_DTYPE_F32) {
+        for (int64_t j = j0; j < j1; j++) {
+            const float *row = (const float *)((const uint8_t *)w->data + (size_t)j * w->row_bytes);
+            for (int64_t i = 0; i < m; i++) y[i * ldy + j] = dot_f32(x + i * ldx, row, k);
+        }
+        return;
+    }
+    NM_ASSERT(w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16);
+    const size_t elem_bytes = 2;
+    float buf[CONVERT_BLOCK]; /* [CONVERT_BLOCK] one block of one weight row */
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
+        for (int64_t i = 0; i < m; i++) y[i * ldy + j] = 0.0f;
+        for (int64_t k0 = 0; k0 < k; k0 += CONVERT_BLOCK) {
+            int64_t nk = k - k0 < CONVERT_BLOCK ? k - k0 : CONVERT_BLOCK;
+            convert_block(w->type, row + (size_t)k0 * elem_bytes, buf, nk);
+            for (int64_t i = 0; i < m; i++) y[i * ldy + j] += dot_f32(x + i * ldx + k0, buf, nk);
+        }
+    }
+}
+
+void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i] * scale;
+        y[i] = w ? v * w[i] : v;
+    }
+}
+
+void nm_rope_neox_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
+                          float freq_base) {
+    NM_ASSERT(n_rot % 2 == 0 && n_rot <= head_dim);
+    const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    const int half = n_rot / 2;
+    float theta = (float)pos;
+    for (int i = 0; i < half; i++) {
+        const float c = cosf(theta), s = sinf(theta);
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + (size_t)h * head_dim;
+            const float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * c - x1 * s;
+            v[i + half] = x0 * s + x1 * c;
+        }
+        theta *= theta_scale;
+    }
+}
+
+void nm_softmax_forward(float *x, int64_t n) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
+                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
+                          int head_dim, float scale, float *out, float *scores) {
+    NM_ASSERT(n_head % n_head_kv == 0);
+    const int group = n_head / n_head_kv;
+    for (int h = 0; h < n_head; h++) {
+        const float *qh = q + (size_t)h * head_dim;
+        const int64_t kv_off = (int64_t)(h / group) * head_dim;
+        for (int32_t t = 0; t < n_kv; t++)
+            scores[t] = dot_f32(qh, k_cache + t * kv_stride + kv_off, head_dim) * scale;
+        nm_softmax_forward(scores, n_kv);
+        float *oh = out + (size_t)h * head_dim;
+        memset(oh, 0, (size_t)head_dim * sizeof(float));
+        for (int32_t t = 0; t < n_kv; t++) {
+            const float *vt = v_cache + t * kv_stride + kv_off;
+            const float p = scores[t];
+            for (int d = 0; d < head_dim; d++) oh[d] += p * vt[d];
+        }
+    }
+}

@@ -1,0 +1,249 @@
+/* The forward pass shared by the architectures: a batch of tokens goes
+ * through every layer at once (attention, then the MoE block grouped by
+ * expert), writing K/V into an F32 cache. Buffers are sized once in
+ * nm_model_state_new; nm_model_forward does not allocate. */
+#include "model.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <math.h>
+#include <string.h>
+
+struct nm_model_state {
+    int32_t n_ctx;
+    int32_t n_batch;
+    nm_pool *pool;
+    size_t n_bytes;
+    float *k_cache;  /* [n_layer][n_ctx][n_head_kv * head_dim] */
+    float *v_cache;  /* [n_layer][n_ctx][n_head_kv * head_dim] */
+    float *x;        /* [n_batch][n_embd] residual stream       */
+    float *xn;       /* [n_batch][n_embd] normed input of a block */
+    float *q;        /* [n_batch][n_head * head_dim]            */
+    float *att;      /* [n_batch][n_head * head_dim]            */
+    float *proj;     /* [n_batch][n_embd] block output          */
+    float *scores;   /* [n_threads][n_ctx] attention scratch    */
+    float *router;   /* [n_batch][n_expert] router logits       */
+    float *probs;    /* [n_expert] routing scratch              */
+    int32_t *ids;    /* [n_batch][k] chosen experts             */
+    float *weights;  /* [n_batch][k] their weights              */
+    nm_moe_scratch *moe;
+};
+
+static float *alloc_floats(nm_model_state *st, size_t n, bool *ok) {
+    size_t bytes;
+    if (!nm_mul_size(n, sizeof(float), &bytes)) {
+        *ok = false;
+        return NULL;
+    }
+    float *p = nm_calloc(1, bytes);
+    if (!p) *ok = false;
+    st->n_bytes += bytes;
+    return p;
+}
+
+nm_status nm_model_state_new(const nm_model *m, int32_t n_ctx, int32_t n_batch, int n_threads,
+                             nm_model_state **out, nm_error *err) {
+    *out = NULL;
+    const nm_hparams *hp = &m->hp;
+    if (n_ctx < 1) return nm_errorf(err, NM_ERR_INVALID_ARG, "context size %d must be at least 1", n_ctx);
+    if (n_batch < 1)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "batch size %d must be at least 1", n_batch);
+    if (n_batch > n_ctx) n_batch = n_ctx; /* a batch never holds more than the context */
+    nm_model_state *st = nm_calloc(1, sizeof *st);
+    if (!st) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
+    st->n_ctx = n_ctx;
+    st->n_batch = n_batch;
+    nm_status s = nm_pool_new(n_threads, &st->pool, err);
+    if (s != NM_OK) {
+        nm_free(st);
+        return s;
+    }
+    const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
+    const size_t nb = (size_t)n_batch, d = (size_t)hp->n_embd, k = (size_t)hp->n_expert_used;
+    bool ok = true;
+    st->k_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)n_ctx * kv_dim, &ok);
+    st->v_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)n_ctx * kv_dim, &ok);
+    st->x = alloc_floats(st, nb * d, &ok);
+    st->xn = alloc_floats(st, nb * d, &ok);
+    st->q = alloc_floats(st, nb * q_dim, &ok);
+    st->att = alloc_floats(st, nb * q_dim, &ok);
+    st->proj = alloc_floats(st, nb * d, &ok);
+    st->scores = alloc_floats(st, (size_t)n_threads * (size_t)n_ctx, &ok);
+    st->router = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
+    st->probs = alloc_floats(st, (size_t)hp->n_expert, &ok);
+    st->weights = alloc_floats(st, nb * k, &ok);
+    st->ids = nm_calloc(nb * k, sizeof(int32_t));
+    if (!st->ids) ok = false;
+    if (!ok) {
+        nm_model_state_free(st);
+        return nm_errorf(err, NM_ERR_NOMEM,
+                         "out of memory for a session of %d positions (KV cache %.1f MiB)", n_ctx,
+                         2.0 * hp->n_layer * n_ctx * kv_dim * sizeof(float) / 1048576.0);
+    }
+    s = nm_moe_scratch_new(n_batch, hp->n_expert_used, hp->n_expert, hp->n_embd, hp->n_ff_exp,
+                           n_threads, &st->moe, err);
+    if (s != NM_OK) {
+        nm_model_state_free(st);
+        return s;
+    }
+    *out = st;
+    return NM_OK;
+}
+
+void nm_model_state_free(nm_model_state *st) {
+    if (!st) return;
+    nm_pool_free(st->pool);
+    nm_free(st->k_cache);
+    nm_free(st->v_cache);
+    nm_free(st->x);
+    nm_free(st->xn);
+    nm_free(st->q);
+    nm_free(st->att);
+    nm_free(st->proj);
+    nm_free(st->scores);
+    nm_free(st->router);
+    nm_free(st->probs);
+    nm_free(st->ids);
+    nm_free(st->weights);
+    nm_moe_scratch_free(st->moe);
+    nm_free(st);
+}
+
+int32_t nm_model_state_n_ctx(const nm_model_state *st) { return st->n_ctx; }
+int32_t nm_model_state_n_batch(const nm_model_state *st) { return st->n_batch; }
+size_t nm_model_state_bytes(const nm_model_state *st) { return st->n_bytes; }
+
+/* ---- parallel matmul: output columns split into tiles ---- */
+
+typedef struct matmul_ctx {
+    const nm_mat *w;
+    const float *x;
+    int64_t ldx, m;
+    float *y;
+    int64_t ldy, tile;
+} matmul_ctx;
+
+static void matmul_task(void *p, int i, int thread) {
+    (void)thread;
+    const matmul_ctx *c = p;
+    int64_t j0 = (int64_t)i * c->tile, j1 = j0 + c->tile;
+    if (j1 > c->w->n) j1 = c->w->n;
+    nm_matmul_forward(c->w, c->x, c->ldx, c->m, c->y, c->ldy, j0, j1);
+}
+
+/* y[m][N] = x[m][K] W^T over the pool. */
+static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
+                   float *y, int64_t ldy) {
+    const int64_t n_threads = nm_pool_n_threads(pool);
+    int64_t tile = (w->n + 4 * n_threads - 1) / (4 * n_threads);
+    if (tile < 16) tile = 16;
+    matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
+    nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
+}
+
+/* ---- attention block ---- */
+
+typedef struct attention_ctx {
+    const nm_hparams *hp;
+    nm_model_state *st;
+    const float *k_cache, *v_cache; /* this layer's */
+    int32_t n_past;
+} attention_ctx;
+
+static void attention_task(void *p, int i, int thread) {
+    const attention_ctx *c = p;
+    const nm_hparams *hp = c->hp;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    nm_attention_forward(c->st->q + i * q_dim, c->k_cache, c->v_cache, kv_dim, c->n_past + i + 1,
+                         hp->n_head, hp->n_head_kv, hp->head_dim,
+                         1.0f / sqrtf((float)hp->head_dim), c->st->att + i * q_dim,
+                         c->st->scores + (size_t)thread * c->st->n_ctx);
+}
+
+/* x += Wo · attention(rope(norm_h(Wq xn)), rope(norm_h(Wk xn)), Wv xn), xn = rmsnorm(x). */
+static void attention_block(const nm_model *m, nm_model_state *st, int il, int32_t n,
+                            int32_t n_past) {
+    const nm_hparams *hp = &m->hp;
+    const nm_layer *l = &m->layers[il];
+    const int64_t d = hp->n_embd, hd = hp->head_dim;
+    const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
+    float *k_layer = st->k_cache + (size_t)il * st->n_ctx * kv_dim;
+    float *v_layer = st->v_cache + (size_t)il * st->n_ctx * kv_dim;
+    float *k_new = k_layer + (size_t)n_past * kv_dim; /* [n][kv_dim], straight into the cache */
+    float *v_new = v_layer + (size_t)n_past * kv_dim;
+
+    for (int32_t t = 0; t < n; t++)
+        nm_rmsnorm_forward(st->x + t * d, l->attn_norm, st->xn + t * d, d, hp->rms_eps);
+    matmul(st->pool, &l->wq, st->xn, d, n, st->q, q_dim);
+    matmul(st->pool, &l->wk, st->xn, d, n, k_new, kv_dim);
+    matmul(st->pool, &l->wv, st->xn, d, n, v_new, kv_dim);
+    for (int32_t t = 0; t < n; t++) {
+        float *qt = st->q + t * q_dim, *kt = k_new + t * kv_dim;
+        if (l->q_norm)
+            for (int h = 0; h < hp->n_head; h++)
+                nm_rmsnorm_forward(qt + h * hd, l->q_norm, qt + h * hd, hd, hp->rms_eps);
+        if (l->k_norm)
+            for (int h = 0; h < hp->n_head_kv; h++)
+                nm_rmsnorm_forward(kt + h * hd, l->k_norm, kt + h * hd, hd, hp->rms_eps);
+        nm_rope_neox_forward(qt, hp->n_head, hp->head_dim, hp->n_rot, n_past + t,
+                             hp->rope_freq_base);
+        nm_rope_neox_forward(kt, hp->n_head_kv, hp->head_dim, hp->n_rot, n_past + t,
+                             hp->rope_freq_base);
+    }
+    attention_ctx c = {.hp = hp, .st = st, .k_cache = k_layer, .v_cache = v_layer, .n_past = n_past};
+    nm_pool_run(st->pool, attention_task, &c, n);
+    matmul(st->pool, &l->wo, st->att, q_dim, n, st->proj, d);
+    for (int64_t i = 0; i < (int64_t)n * d; i++) st->x[i] += st->proj[i];
+}
+
+/* ---- MoE block ---- */
+
+/* x += MoE(rmsnorm(x)), routed by the architecture, run grouped by expert. */
+static void moe_block(const nm_model *m, nm_model_state *st, int il, int32_t n) {
+    const nm_hparams *hp = &m->hp;
+    const nm_layer *l = &m->layers[il];
+    const int64_t d = hp->n_embd, k = hp->n_expert_used;
+    for (int32_t t = 0; t < n; t++)
+        nm_rmsnorm_forward(st->x + t * d, l->ffn_norm, st->xn + t * d, d, hp->rms_eps);
+    matmul(st->pool, &l->router, st->xn, d, n, st->router, hp->n_expert);
+    for (int32_t t = 0; t < n; t++)
+        m->arch->route(hp, st->router + (size_t)t * hp->n_expert, st->ids + t * k,
+                       st->weights + t * k, st->probs);
+    nm_moe_forward_dense(st->pool, &l->experts, st->xn, n, st->ids, st->weights, st->proj,
+                         st->moe);
+    for (int64_t i = 0; i < (int64_t)n * d; i++) st->x[i] += st->proj[i];
+}
+
+nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t *ids, int32_t n,
+                           int32_t n_past, float *logits, bool all_logits, nm_error *err) {
+    const nm_hparams *hp = &m->hp;
+    if (n < 1 || n > st->n_batch)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "batch of %d tokens is not in 1..%d", n,
+                         st->n_batch);
+    if (n_past < 0 || n_past > st->n_ctx - n)
+        return nm_errorf(err, NM_ERR_CAPACITY,
+                         "%d cached + %d new positions exceed the context of %d", n_past, n,
+                         st->n_ctx);
+    for (int32_t t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= hp->n_vocab)
+            return nm_errorf(err, NM_ERR_INVALID_ARG, "token id %d at position %d is not in 0..%d",
+                             ids[t], n_past + t, hp->n_vocab - 1);
+    const int64_t d = hp->n_embd;
+    for (int32_t t = 0; t < n; t++)
+        nm_dequantize_row((nm_dtype)m->tok_embd.type,
+                          (const uint8_t *)m->tok_embd.data + (size_t)ids[t] * m->tok_embd.row_bytes,
+                          st->x + t * d, d);
+    for (int il = 0; il < hp->n_layer; il++) {
+        attention_block(m, st, il, n, n_past);
+        moe_block(m, st, il, n);
+    }
+    if (!logits) return NM_OK;
+    const int32_t first = all_logits ? 0 : n - 1;
+    for (int32_t t = first; t < n; t++)
+        nm_rmsnorm_forward(st->x + t * d, m->output_norm, st->xn + t * d, d, hp->rms_eps);
+    matmul(st->pool, &m->output, st->xn + (size_t)first * d, d, n - first, logits, hp->n_vocab);
+    return NM_OK;
+}

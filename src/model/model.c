@@ -1,0 +1,229 @@
+/* Loading a model: open and validate the GGUF, pick the adapter for
+ * general.architecture, read the vocabulary, and the helpers adapters use to
+ * fetch hyperparameters and weights with their shapes checked. */
+#include "model.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe};
+
+nm_model_params nm_model_default_params(void) {
+    nm_model_params p = {.verbose = false};
+    return p;
+}
+
+nm_status nm_model_hparam_i32(const nm_model *m, const char *suffix, bool required, int32_t *out,
+                              nm_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
+    if (!required && !nm_gguf_find(m->gguf, key)) return NM_OK;
+    int32_t v;
+    nm_status st = nm_gguf_get_i32(m->gguf, key, &v, err);
+    if (st != NM_OK) return st;
+    *out = v;
+    return NM_OK;
+}
+
+nm_status nm_model_hparam_f32(const nm_model *m, const char *suffix, bool required, float *out,
+                              nm_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
+    if (!required && !nm_gguf_find(m->gguf, key)) return NM_OK;
+    return nm_gguf_get_f32(m->gguf, key, out, err);
+}
+
+static void format_ne(const int64_t *ne, uint32_t n_dims, char *buf, size_t cap) {
+    size_t used = (size_t)snprintf(buf, cap, "{");
+    for (uint32_t i = 0; i < n_dims && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%" PRId64, i ? ", " : "", ne[i]);
+    if (used < cap) snprintf(buf + used, cap - used, "}");
+}
+
+/* Looks a tensor up and checks its dims against want (ggml order). */
+static nm_status find_shaped(const nm_model *m, const char *name, const int64_t *want,
+                             uint32_t n_want, const nm_gguf_tensor **out, nm_error *err) {
+    const nm_gguf_tensor *t = nm_gguf_find_tensor(m->gguf, name);
+    *out = t;
+    if (!t) return nm_errorf(err, NM_ERR_NOT_FOUND, "tensor '%s' is missing", name);
+    bool ok = true; /* trailing dims of 1 may be written or not */
+    for (uint32_t i = 0; i < 4 && ok; i++) ok = t->ne[i] == (i < n_want ? want[i] : 1);
+    if (!ok) {
+        char have[96], expect[96];
+        format_ne(t->ne, t->n_dims, have, sizeof have);
+        format_ne(want, n_want, expect, sizeof expect);
+        return nm_errorf(err, NM_ERR_FORMAT, "tensor '%s' has shape %s, expected %s", name, have,
+                         expect);
+    }
+    return NM_OK;
+}
+
+static nm_status check_computable(const nm_gguf_tensor *t, const char *name, nm_error *err) {
+    if (!nm_dtype_is_supported(t->type))
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "tensor '%s' has type %s, which npumoe cannot compute with yet "
+                         "(supported: f32, f16, bf16)",
+                         name, nm_dtype_name(t->type));
+    return NM_OK;
+}
+
+nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64_t n,
+                           bool optional, nm_mat *out, nm_error *err) {
+    memset(out, 0, sizeof *out);
+    if (optional && !nm_gguf_find_tensor(m->gguf, name)) return NM_OK;
+    const int64_t want[2] = {k, n};
+    const nm_gguf_tensor *t;
+    nm_status st = find_shaped(m, name, want, 2, &t, err);
+    if (st == NM_OK) st = check_computable(t, name, err);
+    if (st != NM_OK) return st;
+    out->data = t->data;
+    out->type = t->type;
+    out->n = n;
+    out->k = k;
+    out->row_bytes = (size_t)(t->n_bytes / (uint64_t)n);
+    return NM_OK;
+}
+
+nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const float **out,
+                           nm_error *err) {
+    const int64_t want[1] = {n};
+    const nm_gguf_tensor *t;
+    nm_status st = find_shaped(m, name, want, 1, &t, err);
+    if (st != NM_OK) return st;
+    if (t->type != NM_DTYPE_F32)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED, "tensor '%s' has type %s; norm weights must be f32",
+                         name, nm_dtype_name(t->type));
+    *out = t->data;
+    return NM_OK;
+}
+
+nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int64_t n,
+                             int64_t n_expert, nm_mat *first, size_t *stride, nm_error *err) {
+    const int64_t want[3] = {k, n, n_expert};
+    const nm_gguf_tensor *t;
+    nm_status st = find_shaped(m, name, want, 3, &t, err);
+    if (st == NM_OK) st = check_computable(t, name, err);
+    if (st != NM_OK) return st;
+    *stride = (size_t)(t->n_bytes / (uint64_t)n_expert);
+    first->data = t->data;
+    first->type = t->type;
+    first->n = n;
+    first->k = k;
+    first->row_bytes = *stride / (size_t)n;
+    return NM_OK;
+}
+
+void nm_model_free(nm_model *model) {
+    if (!model) return;
+    nm_tokenizer_free(model->tok);
+    nm_free(model->layers);
+    nm_gguf_close(model->gguf);
+    nm_free(model);
+}
+
+static nm_status load_into(nm_model *m, const char *path, nm_error *err) {
+    nm_status st = nm_gguf_open(path, &m->gguf, err);
+    if (st != NM_OK) return st;
+    nm_gguf_str arch;
+    st = nm_gguf_get_str(m->gguf, "general.architecture", &arch, err);
+    if (st != NM_OK) return st;
+    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
+        if (nm_gguf_str_eq(arch, arch_table[i]->name)) m->arch = arch_table[i];
+    if (!m->arch)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "architecture '%.*s' is not supported (supported: qwen3moe)",
+                         (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    st = nm_tokenizer_load(m->gguf, &m->tok, err);
+    if (st != NM_OK) return st;
+    st = m->arch->load(m, err);
+    if (st != NM_OK) return st;
+    if (nm_tokenizer_n_vocab(m->tok) != m->hp.n_vocab)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "the vocabulary has %d tokens but token_embd.weight has %d rows",
+                         nm_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+    return NM_OK;
+}
+
+nm_status nm_model_load(const char *path, const nm_model_params *params, nm_model **out,
+                        nm_error *err) {
+    (void)params;
+    *out = NULL;
+    if (!path) return nm_errorf(err, NM_ERR_INVALID_ARG, "no model path given");
+    nm_model *m = nm_calloc(1, sizeof *m);
+    if (!m) return nm_errorf(err, NM_ERR_NOMEM, "out of memory loading '%s'", path);
+    nm_status st = load_into(m, path, err);
+    if (st != NM_OK) {
+        /* the reader already names the path; everything else gets it here */
+        if (m->gguf) nm_error_prefix(err, "%s", path);
+        nm_model_free(m);
+        return st;
+    }
+    *out = m;
+    return NM_OK;
+}
+
+void nm_model_get_info(const nm_model *model, nm_model_info *out) {
+    const nm_hparams *hp = &model->hp;
+    memset(out, 0, sizeof *out);
+    out->arch = model->arch->name;
+    out->n_vocab = hp->n_vocab;
+    out->n_ctx_train = hp->n_ctx_train;
+    out->n_layer = hp->n_layer;
+    out->n_embd = hp->n_embd;
+    out->n_expert = hp->n_expert;
+    out->n_expert_used = hp->n_expert_used;
+    out->bos_id = nm_tokenizer_bos(model->tok);
+    out->eos_id = nm_tokenizer_eos(model->tok);
+    out->add_bos = nm_tokenizer_add_bos(model->tok);
+    for (uint64_t i = 0; i < nm_gguf_n_tensors(model->gguf); i++)
+        out->weight_bytes += nm_gguf_tensor_at(model->gguf, i)->n_bytes;
+}
+
+void nm_model_describe(const nm_model *model, void *file) {
+    FILE *f = file;
+    const nm_hparams *hp = &model->hp;
+    nm_gguf_str name = {"", 0};
+    if (nm_gguf_get_str(model->gguf, "general.name", &name, NULL) != NM_OK) name.len = 0;
+    fprintf(f, "architecture:        %s\n", model->arch->name);
+    fprintf(f, "name:                %.*s\n", (int)(name.len > 200 ? 200 : name.len), name.ptr);
+    fprintf(f, "gguf version:        %u\n", nm_gguf_version(model->gguf));
+    fprintf(f, "vocabulary:          %d tokens (bos %d, eos %d, add_bos %s)\n", hp->n_vocab,
+            nm_tokenizer_bos(model->tok), nm_tokenizer_eos(model->tok),
+            nm_tokenizer_add_bos(model->tok) ? "yes" : "no");
+    fprintf(f, "context (trained):   %d\n", hp->n_ctx_train);
+    fprintf(f, "layers:              %d\n", hp->n_layer);
+    fprintf(f, "d_model:             %d\n", hp->n_embd);
+    fprintf(f, "attention heads:     %d query, %d key/value, head_dim %d\n", hp->n_head,
+            hp->n_head_kv, hp->head_dim);
+    fprintf(f, "experts:             %d, %d active per token, expert d_ff %d\n", hp->n_expert,
+            hp->n_expert_used, hp->n_ff_exp);
+    fprintf(f, "rope:                neox, base %g, %d dims\n", hp->rope_freq_base, hp->n_rot);
+    fprintf(f, "rms_norm eps:        %g\n", hp->rms_eps);
+    fprintf(f, "output:              %s\n", model->tied_output ? "tied to token_embd" : "own tensor");
+
+    uint64_t bytes_by_type[NM_DTYPE_COUNT] = {0}, count_by_type[NM_DTYPE_COUNT] = {0}, total = 0;
+    const uint64_t n_tensors = nm_gguf_n_tensors(model->gguf);
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        const nm_gguf_tensor *t = nm_gguf_tensor_at(model->gguf, i);
+        bytes_by_type[t->type] += t->n_bytes;
+        count_by_type[t->type]++;
+        total += t->n_bytes;
+    }
+    fprintf(f, "tensors:             %" PRIu64 ", %.2f MiB\n", n_tensors, (double)total / 1048576.0);
+    for (int ty = 0; ty < NM_DTYPE_COUNT; ty++)
+        if (count_by_type[ty])
+            fprintf(f, "  %-6s %5" PRIu64 " tensors, %10.2f MiB\n", nm_dtype_name((uint32_t)ty),
+                    count_by_type[ty], (double)bytes_by_type[ty] / 1048576.0);
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        const nm_gguf_tensor *t = nm_gguf_tensor_at(model->gguf, i);
+        char shape[96];
+        format_ne(t->ne, t->n_dims, shape, sizeof shape);
+        fprintf(f, "  %-40.*s %-6s %-24s %12" PRIu64 " bytes\n",
+                (int)(t->name.len > 64 ? 64 : t->name.len), t->name.ptr, nm_dtype_name(t->type),
+                shape, t->n_bytes);
+    }
+}

@@ -1,0 +1,141 @@
+/* A pthread pool with one job at a time: the caller publishes a job under
+ * the mutex and bumps a generation; workers wake, pull task indices from an
+ * atomic counter, and the last one to finish signals the caller. */
+#include "threads.h"
+
+#include "base/base.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+struct nm_pool {
+    int n_threads;
+    pthread_t *workers; /* [n_threads - 1] */
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    pthread_cond_t done;
+    /* the current job, valid while generation is odd-numbered running */
+    nm_task_fn fn;
+    void *ctx;
+    int n_tasks;
+    atomic_int next_task;
+    int n_busy;          /* workers still inside the current job, under mutex */
+    unsigned generation; /* bumped for each job, under mutex */
+    int quit;
+};
+
+typedef struct worker_arg {
+    nm_pool *pool;
+    int thread;
+} worker_arg;
+
+static void run_tasks(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks, int thread) {
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&pool->next_task, 1, memory_order_relaxed);
+        if (i >= n_tasks) break;
+        fn(ctx, i, thread);
+    }
+}
+
+static void *worker_main(void *p) {
+    worker_arg *arg = p;
+    nm_pool *pool = arg->pool;
+    int thread = arg->thread;
+    nm_free(arg);
+    unsigned seen = 0;
+    pthread_mutex_lock(&pool->mutex);
+    for (;;) {
+        while (!pool->quit && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->mutex);
+        if (pool->quit) break;
+        seen = pool->generation;
+        nm_task_fn fn = pool->fn;
+        void *ctx = pool->ctx;
+        int n_tasks = pool->n_tasks;
+        pthread_mutex_unlock(&pool->mutex);
+        run_tasks(pool, fn, ctx, n_tasks, thread);
+        pthread_mutex_lock(&pool->mutex);
+        if (--pool->n_busy == 0) pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->mutex);
+    return NULL;
+}
+
+int nm_cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}
+
+nm_status nm_pool_new(int n_threads, nm_pool **out, nm_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "thread count %d is not in 1..1024", n_threads);
+    nm_pool *pool = nm_calloc(1, sizeof *pool);
+    if (!pool) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for the thread pool");
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->mutex, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->workers = nm_calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!pool->workers) {
+        pool->n_threads = 1;
+        nm_pool_free(pool);
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for the thread pool");
+    }
+    for (int t = 1; t < n_threads; t++) {
+        worker_arg *arg = nm_malloc(sizeof *arg);
+        int rc = arg ? 0 : -1;
+        if (arg) {
+            arg->pool = pool;
+            arg->thread = t;
+            rc = pthread_create(&pool->workers[t - 1], NULL, worker_main, arg);
+            if (rc != 0) nm_free(arg);
+        }
+        if (rc != 0) {
+            pool->n_threads = t; /* only the started ones are joined */
+            nm_pool_free(pool);
+            return nm_errorf(err, NM_ERR_NOMEM, "could not start thread %d of %d", t, n_threads);
+        }
+    }
+    *out = pool;
+    return NM_OK;
+}
+
+void nm_pool_free(nm_pool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mutex);
+    pool->quit = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    for (int t = 1; t < pool->n_threads; t++) pthread_join(pool->workers[t - 1], NULL);
+    pthread_mutex_destroy(&pool->mutex);
+    pthread_cond_destroy(&pool->wake);
+    pthread_cond_destroy(&pool->done);
+    nm_free(pool->workers);
+    nm_free(pool);
+}
+
+int nm_pool_n_threads(const nm_pool *pool) { return pool->n_threads; }
+
+void nm_pool_run(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks) {
+    if (n_tasks <= 0) return;
+    if (pool->n_threads == 1 || n_tasks == 1) {
+        for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool->mutex);
+    pool->fn = fn;
+    pool->ctx = ctx;
+    pool->n_tasks = n_tasks;
+    atomic_store(&pool->next_task, 0);
+    pool->n_busy = pool->n_threads - 1;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+
+    run_tasks(pool, fn, ctx, n_tasks, 0);
+
+    pthread_mutex_lock(&pool->mutex);
+    while (pool->n_busy > 0) pthread_cond_wait(&pool->done, &pool->mutex);
+    pthread_mutex_unlock(&pool->mutex);
+}

@@ -1,0 +1,680 @@
+/* The tokenizer against llama.cpp: every golden line of the Qwen3 vocab and
+ * of the tiny models' 4k vocab must give llama.cpp's ids, and their pieces
+ * must give the text back. Then what the goldens do not reach: the word
+ * splitter of each pre-tokenizer, merge order on hand-made vocabularies,
+ * special-token rules, invalid UTF-8, the count-then-fill protocol, hostile
+ * vocabularies and allocation failures. */
+#include "harness.h"
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer-impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+/* Prints bytes as a JSON-ish literal so that mismatches are readable. */
+static void print_text(const char *label, const char *s, size_t n) {
+    fprintf(stderr, "  %s \"", label);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') fputs("\\n", stderr);
+        else if (c == '\t') fputs("\\t", stderr);
+        else if (c == '\r') fputs("\\r", stderr);
+        else if (c == '"' || c == '\\') fprintf(stderr, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F) fprintf(stderr, "\\x%02X", c);
+        else fputc(c, stderr);
+    }
+    fputs("\"\n", stderr);
+}
+
+static void print_ids(const char *label, const int32_t *ids, size_t n) {
+    fprintf(stderr, "  %s [%zu]:", label, n);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fputc('\n', stderr);
+}
+
+/* Encodes with a buffer of the right size; returns the count or -1. */
+static long encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_bos,
+                   bool parse_special, int32_t *ids, size_t cap) {
+    size_t n_out = 0;
+    nm_error err = {0};
+    nm_status st = nm_tokenizer_encode(tok, s, n, add_bos, parse_special, ids, cap, &n_out, &err);
+    if (st != NM_OK) {
+        fprintf(stderr, "  encode failed: %s: %s\n", nm_status_str(st), err.msg);
+        return -1;
+    }
+    return (long)n_out;
+}
+
+/* Concatenated pieces (render_special on); returns the length. */
+static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out,
+                     size_t cap) {
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t k = nm_tokenizer_piece(tok, ids[i], true, len < cap ? out + len : NULL,
+                                       len < cap ? cap - len : 0);
+        if (k < 0) return (size_t)-1;
+        len += (size_t)k;
+    }
+    return len;
+}
+
+/* Encodes s and compares with want[0..n_want). */
+static void check_encoding(const nm_tokenizer *tok, const char *s, bool parse_special,
+                           const int32_t *want, size_t n_want) {
+    int32_t got[64];
+    long n = encode(tok, s, strlen(s), false, parse_special, got, 64);
+    nm_test_checks++;
+    if (n != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
+        nm_test_failures++;
+        fprintf(stderr, "encoding mismatch:\n");
+        print_text("text", s, strlen(s));
+        print_ids("want", want, n_want);
+        if (n >= 0) print_ids("got ", got, (size_t)n);
+    }
+}
+
+/* ---- golden files ------------------------------------------------------------------- */
+
+static int hex4(const char *p) {
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+static size_t put_utf8(char *out, unsigned cp) {
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | cp >> 6); out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | cp >> 12); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | cp >> 18); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Parses the RFC 8259 string literal at *p into out (room for as many bytes
+ * as the literal has); returns its length, or -1 if malformed. */
+static long parse_json_string(const char **p, char *out) {
+    const char *s = *p;
+    if (*s++ != '"') return -1;
+    size_t n = 0;
+    while (*s != '"') {
+        if (*s == '\0' || *s == '\n') return -1;
+        if (*s != '\\') { out[n++] = *s++; continue; }
+        s++;
+        switch (*s++) {
+        case '"': out[n++] = '"'; break;
+        case '\\': out[n++] = '\\'; break;
+        case '/': out[n++] = '/'; break;
+        case 'b': out[n++] = '\b'; break;
+        case 'f': out[n++] = '\f'; break;
+        case 'n': out[n++] = '\n'; break;
+        case 'r': out[n++] = '\r'; break;
+        case 't': out[n++] = '\t'; break;
+        case 'u': {
+            int hi = hex4(s);
+            if (hi < 0) return -1;
+            s += 4;
+            unsigned cp = (unsigned)hi;
+            if (hi >= 0xD800 && hi < 0xDC00 && s[0] == '\\' && s[1] == 'u') {
+                int lo = hex4(s + 2);
+                if (lo < 0xDC00 || lo > 0xDFFF) return -1;
+                cp = 0x10000 + (((unsigned)hi - 0xD800) << 10) + ((unsigned)lo - 0xDC00);
+                s += 6;
+            }
+            n += put_utf8(out + n, cp);
+            break;
+        }
+        default: return -1;
+        }
+    }
+    *p = s + 1;
+    return (long)n;
+}
+
+/* Checks every line of a golden TSV; returns the number of lines. */
+static int check_golden_file(const nm_tokenizer *tok, const char *tsv_path) {
+    size_t n_file = 0;
+    char *file = (char *)nm_test_read_file(tsv_path, &n_file);
+    CHECK(file != NULL);
+    if (!file) {
+        fprintf(stderr, "cannot read %s\n", tsv_path);
+        return 0;
+    }
+    char *text = malloc(n_file + 1), *decoded = malloc(4 * n_file + 64);
+    int32_t *want = malloc((n_file + 1) * sizeof *want), *got = malloc((n_file + 1) * sizeof *got);
+    int line = 0;
+    for (char *p = file; *p; line++) {
+        char *eol = strchr(p, '\n');
+        if (eol) *eol = '\0';
+        const char *q = p;
+        long n_text = parse_json_string(&q, text);
+        CHECK(n_text >= 0 && *q == '\t');
+        if (n_text < 0 || *q != '\t') break;
+        size_t n_want = 0;
+        for (q++; *q;) {
+            char *end;
+            want[n_want++] = (int32_t)strtol(q, &end, 10);
+            q = *end == ' ' ? end + 1 : end;
+            if (end == q && *q) break;
+        }
+        /* llama-tokenize: special parsing on, BOS as the file says */
+        long n_got = encode(tok, text, (size_t)n_text, nm_tokenizer_add_bos(tok), true, got,
+                            n_file + 1);
+        nm_test_checks++;
+        if (n_got != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
+            nm_test_failures++;
+            fprintf(stderr, "%s line %d: ids differ from llama.cpp's\n", tsv_path, line + 1);
+            print_text("text", text, (size_t)n_text);
+            print_ids("llama.cpp", want, n_want);
+            if (n_got >= 0) print_ids("npumoe   ", got, (size_t)n_got);
+        }
+        /* llama.cpp does not normalise, so the pieces give the input back */
+        size_t n_dec = decode(tok, want, n_want, decoded, 4 * n_file + 64);
+        nm_test_checks++;
+        if (n_dec != (size_t)n_text || memcmp(decoded, text, (size_t)n_text) != 0) {
+            nm_test_failures++;
+            fprintf(stderr, "%s line %d: decoding llama.cpp's ids does not give the text\n",
+                    tsv_path, line + 1);
+            print_text("text   ", text, (size_t)n_text);
+            if (n_dec != (size_t)-1) print_text("decoded", decoded, n_dec);
+        }
+        if (!eol) break;
+        p = eol + 1;
+    }
+    free(text);
+    free(decoded);
+    free(want);
+    free(got);
+    free(file);
+    return line;
+}
+
+static nm_tokenizer *load_vocab(const char *path, nm_gguf **gguf) {
+    nm_error err = {0};
+    nm_status st = nm_gguf_open(path, gguf, &err);
+    CHECK(st == NM_OK);
+    if (st != NM_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return NULL;
+    }
+    nm_tokenizer *tok = NULL;
+    int64_t t0 = nm_time_ns();
+    st = nm_tokenizer_load(*gguf, &tok, &err);
+    int64_t t1 = nm_time_ns();
+    CHECK(st == NM_OK);
+    if (st != NM_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return NULL;
+    }
+    printf("loaded %s: %d tokens in %.1f ms\n", path, nm_tokenizer_n_vocab(tok),
+           (double)(t1 - t0) / 1e6);
+    return tok;
+}
+
+/* ---- the Qwen3 vocabulary beyond the goldens ----------------------------------------- */
+
+static void check_qwen3_rules(const nm_tokenizer *tok) {
+    CHECK_INT_EQ(nm_tokenizer_n_vocab(tok), 151936);
+    CHECK_INT_EQ(nm_tokenizer_bos(tok), 151643);
+    CHECK_INT_EQ(nm_tokenizer_eos(tok), 151645);
+    CHECK(!nm_tokenizer_add_bos(tok));
+    CHECK(!nm_tokenizer_add_eos(tok));
+
+    /* end of generation, as llama.cpp lists them for Qwen3: eos, the two
+     * end texts, </s> (re-typed), and the FIM pad/repo/file-separator */
+    const int32_t eog[] = {151643, 151645, 128247, 151662, 151663, 151664};
+    for (size_t i = 0; i < sizeof eog / sizeof eog[0]; i++) CHECK(nm_tokenizer_is_eog(tok, eog[i]));
+    CHECK(!nm_tokenizer_is_eog(tok, 151644)); /* <|im_start|> */
+    CHECK(!nm_tokenizer_is_eog(tok, 151667)); /* <think> */
+    CHECK(!nm_tokenizer_is_eog(tok, 0));
+    CHECK(!nm_tokenizer_is_eog(tok, -1));
+    CHECK(!nm_tokenizer_is_eog(tok, 151936));
+
+    /* without special parsing, CONTROL texts are plain text but
+     * USER_DEFINED ones are still matched (llama.cpp, like HF) */
+    int32_t ids[64];
+    long n = encode(tok, "<|im_start|>", 12, false, false, ids, 64);
+    CHECK(n > 1);
+    n = encode(tok, "<think>", 7, false, false, ids, 64);
+    CHECK_INT_EQ(n, 1);
+    CHECK_INT_EQ(ids[0], 151667);
+    n = encode(tok, "a</s>b", 6, false, true, ids, 64);
+    CHECK_INT_EQ(n, 3);
+    CHECK_INT_EQ(ids[1], 128247);
+
+    /* BOS when asked, whatever the file's flag */
+    n = encode(tok, "Hi", 2, true, false, ids, 64);
+    CHECK_INT_EQ(n, 2);
+    CHECK_INT_EQ(ids[0], 151643);
+    n = encode(tok, NULL, 0, false, true, ids, 64);
+    CHECK_INT_EQ(n, 0);
+
+    /* pieces: CONTROL renders only on request, USER_DEFINED always; the
+     * re-typed </s> counts as CONTROL; [PADn] fillers (UNUSED) are empty */
+    char buf[64];
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 151645, false, buf, sizeof buf), 0);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 151645, true, buf, sizeof buf), 10);
+    CHECK(memcmp(buf, "<|im_end|>", 10) == 0);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 151667, false, buf, sizeof buf), 7);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 128247, false, buf, sizeof buf), 0);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 151935, true, buf, sizeof buf), 0);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, -1, true, buf, sizeof buf), -1);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 151936, true, buf, sizeof buf), -1);
+    /* a piece longer than the buffer: full length back, nothing past cap */
+    memset(buf, '#', sizeof buf);
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 151645, true, buf, 4), 10);
+    CHECK(memcmp(buf, "<|im#", 5) == 0);
+    /* byte 0x0A is 'Ċ' (U+010A) in the alphabet, token 198 */
+    CHECK_INT_EQ(nm_tokenizer_piece(tok, 198, false, buf, sizeof buf), 1);
+    CHECK_INT_EQ(buf[0], '\n');
+}
+
+/* Count, then fill: NULL/0 counts, a short buffer gets a prefix. */
+static void check_count_then_fill(const nm_tokenizer *tok) {
+    const char *s = "Hello, world! <|im_start|>user\n12345";
+    int32_t full[64], part[64];
+    long n = encode(tok, s, strlen(s), false, true, full, 64);
+    CHECK(n > 4);
+    size_t n_out = 12345;
+    nm_error err = {0};
+    nm_status st = nm_tokenizer_encode(tok, s, strlen(s), false, true, NULL, 0, &n_out, &err);
+    CHECK_INT_EQ(st, NM_ERR_CAPACITY);
+    CHECK_INT_EQ(n_out, n);
+    CHECK(strstr(err.msg, "needs") != NULL);
+    for (int i = 0; i < 64; i++) part[i] = -7;
+    st = nm_tokenizer_encode(tok, s, strlen(s), false, true, part, (size_t)n - 1, &n_out, &err);
+    CHECK_INT_EQ(st, NM_ERR_CAPACITY);
+    CHECK_INT_EQ(n_out, n);
+    CHECK(memcmp(part, full, (size_t)(n - 1) * sizeof *part) == 0);
+    CHECK_INT_EQ(part[n - 1], -7);
+    st = nm_tokenizer_encode(tok, s, strlen(s), false, true, part, (size_t)n, &n_out, &err);
+    CHECK_INT_EQ(st, NM_OK);
+    CHECK_INT_EQ(n_out, n);
+    CHECK(memcmp(part, full, (size_t)n * sizeof *part) == 0);
+}
+
+/* Every kind of invalid UTF-8 is refused with the offset of the bad byte. */
+static void check_invalid_utf8(const nm_tokenizer *tok) {
+    static const struct {
+        const char *bytes;
+        size_t n;
+        size_t offset;
+        const char *reason;
+    } cases[] = {
+        {"ab\x80", 3, 2, "stray continuation"},
+        {"\xBF", 1, 0, "stray continuation"},
+        {"x\xC0\xAF", 3, 1, "overlong"},          /* '/' in two bytes */
+        {"\xC1\xBF", 2, 0, "overlong"},
+        {"\xE0\x80\xAF", 3, 0, "overlong"},       /* '/' in three bytes */
+        {"\xF0\x82\x82\xAC", 4, 0, "overlong"},   /* U+20AC in four bytes */
+        {"ok\xED\xA0\x80", 5, 2, "surrogate"},    /* U+D800 */
+        {"\xED\xBF\xBF", 3, 0, "surrogate"},      /* U+DFFF */
+        {"\xF4\x90\x80\x80", 4, 0, "above U+10FFFF"},
+        {"\xF5\x80\x80\x80", 4, 0, "U+10FFFF"},
+        {"\xFF", 1, 0, "U+10FFFF"},
+        {"abc\xE2\x82", 5, 3, "truncated"},       /* cut euro sign */
+        {"\xF0\x9F\x98", 3, 0, "truncated"},
+        {"\xC3", 1, 0, "truncated"},
+        {"\xC3(", 2, 0, "missing continuation"},
+        {"\xE2\x28\xA1", 3, 0, "missing continuation"},
+        {"\xF0\x9F\x98\x41", 4, 0, "missing continuation"},
+        {"<|im_start|>\xC3\x28", 14, 12, "missing continuation"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t ids[16];
+        size_t n_out = 99;
+        nm_error err = {0};
+        nm_status st = nm_tokenizer_encode(tok, cases[i].bytes, cases[i].n, false, true, ids, 16,
+                                           &n_out, &err);
+        char want[64];
+        snprintf(want, sizeof want, "byte offset %zu ", cases[i].offset);
+        nm_test_checks++;
+        if (st != NM_ERR_FORMAT || !strstr(err.msg, want) || !strstr(err.msg, cases[i].reason) ||
+            n_out != 0) {
+            nm_test_failures++;
+            fprintf(stderr, "invalid UTF-8 case %zu: status %s, message '%s'\n", i,
+                    nm_status_str(st), err.msg);
+        }
+    }
+    /* the largest and smallest of each length are fine */
+    const char *ok = "\x7F\xC2\x80\xDF\xBF\xE0\xA0\x80\xEF\xBF\xBF\xF0\x90\x80\x80\xF4\x8F\xBF\xBF"
+                     "\xED\x9F\xBF\xEE\x80\x80";
+    int32_t ids[64];
+    long n = encode(tok, ok, strlen(ok), false, true, ids, 64);
+    CHECK(n > 0);
+    char back[64];
+    if (n > 0) {
+        size_t n_back = decode(tok, ids, (size_t)n, back, sizeof back);
+        CHECK(n_back == strlen(ok) && memcmp(back, ok, n_back) == 0);
+    }
+}
+
+/* ---- the word splitter ------------------------------------------------------------------ */
+
+/* Splits s with kind and compares with the words in want (NULL-terminated).
+ * The expected words are worked out by hand from the regexes in
+ * tokenizer-impl.h, with llama.cpp's code for the corner cases. */
+static void check_split(nm_pretok_kind kind, const char *s, const char *const *want) {
+    uint32_t cpts[128];
+    uint16_t flags[128];
+    size_t n = 0, n_bytes = strlen(s);
+    for (size_t pos = 0; pos < n_bytes; n++) {
+        cpts[n] = nm_utf8_next((const uint8_t *)s, &pos);
+        flags[n] = nm_unicode_flags(cpts[n]);
+    }
+    bool same = true;
+    size_t w = 0, byte = 0;
+    char got[512];
+    size_t n_got = 0;
+    for (size_t cp = 0; cp < n; w++) {
+        size_t end = nm_pretok_word_end(kind, cpts, flags, n, cp), len = 0;
+        for (size_t i = cp; i < end; i++) {
+            uint8_t u[4];
+            len += (size_t)nm_utf8_encode(cpts[i], u);
+        }
+        if (!want[w] || strlen(want[w]) != len || memcmp(want[w], s + byte, len) != 0)
+            same = false;
+        n_got += (size_t)snprintf(got + n_got, sizeof got - n_got, "[%.*s]", (int)len, s + byte);
+        byte += len;
+        cp = end;
+    }
+    if (want[w]) same = false;
+    nm_test_checks++;
+    if (!same) {
+        nm_test_failures++;
+        fprintf(stderr, "split (kind %d) of \"%s\" gave %s; want", (int)kind, s, got);
+        for (size_t i = 0; want[i]; i++) fprintf(stderr, " [%s]", want[i]);
+        fputc('\n', stderr);
+    }
+}
+
+#define WORDS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void check_splitter(void) {
+    const nm_pretok_kind Q2 = NM_PRETOK_QWEN2, Q35 = NM_PRETOK_QWEN35, L3 = NM_PRETOK_LLAMA3;
+    check_split(Q2, "Hello world", WORDS("Hello", " world"));
+    check_split(Q2, "don't DON'T we'Ve", WORDS("don", "'t", " DON", "'T", " we", "'Ve"));
+    check_split(Q2, "'lL 'x", WORDS("'lL", " '", "x"));
+    /* digits: one at a time for qwen2, up to three for llama3 */
+    check_split(Q2, "12345", WORDS("1", "2", "3", "4", "5"));
+    check_split(L3, "12345 x1", WORDS("123", "45", " x", "1"));
+    /* a letter run takes one leading non-letter, non-digit, non-newline */
+    check_split(Q2, "_x.y", WORDS("_x", ".y"));
+    check_split(Q2, "a\nb", WORDS("a", "\n", "b"));
+    /* punctuation runs take one leading space and trailing newlines */
+    check_split(Q2, "x ...\n\ny", WORDS("x", " ...\n\n", "y"));
+    /* whitespace: the last space of a run before a word goes with it */
+    check_split(Q2, "a   b", WORDS("a", "  ", " b"));
+    check_split(Q2, "a   ", WORDS("a", "   "));
+    check_split(Q2, "a \n b", WORDS("a", " \n", " b"));
+    check_split(Q2, " \n \n\t x", WORDS(" \n \n", "\t", " x"));
+    check_split(Q2, "a  1", WORDS("a", " ", " ", "1"));
+    /* U+3000 (ideographic space) is whitespace; U+200B (zero width space)
+     * is a format control, so it leads the next letter run */
+    check_split(Q2, "a\xE3\x80\x80" "b", WORDS("a", "\xE3\x80\x80" "b"));
+    check_split(Q2, "a\xE2\x80\x8B" "b", WORDS("a", "\xE2\x80\x8B" "b"));
+    /* combining marks: qwen2 cuts before them, qwen35 keeps them in the word */
+    check_split(Q2, "e\xCC\x81x y", WORDS("e", "\xCC\x81x", " y"));
+    check_split(Q35, "e\xCC\x81x y", WORDS("e\xCC\x81x", " y"));
+    check_split(Q35, "!\xCC\x81", WORDS("!\xCC\x81"));
+    check_split(Q2, "!\xCC\x81", WORDS("!\xCC\x81"));
+}
+
+/* ---- hand-made vocabularies ---------------------------------------------------------------- */
+
+typedef struct vocab_spec {
+    const char *model, *pre;        /* NULL = key absent */
+    const char *const *tokens;      /* NULL-terminated */
+    const char *const *merges;      /* NULL-terminated; NULL = key absent */
+    const int32_t *types;           /* NULL = key absent */
+    uint64_t n_types;
+    int64_t bos;                    /* < 0 = key absent */
+    int add_bos;                    /* -1 = key absent */
+    const char *name;
+} vocab_spec;
+
+static size_t count(const char *const *list) {
+    size_t n = 0;
+    while (list[n]) n++;
+    return n;
+}
+
+/* Writes the spec as a GGUF in memory and loads it. *mem is the file. */
+static nm_status load_spec(const vocab_spec *v, nm_gguf **gguf, uint8_t **mem,
+                           nm_tokenizer **tok, nm_error *err) {
+    *gguf = NULL;
+    *mem = NULL;
+    *tok = NULL;
+    nm_gguf_writer *w = nm_gguf_writer_new();
+    if (!w) return NM_ERR_NOMEM;
+    if (v->model) nm_gguf_writer_set_str(w, "tokenizer.ggml.model", v->model);
+    if (v->pre) nm_gguf_writer_set_str(w, "tokenizer.ggml.pre", v->pre);
+    if (v->name) nm_gguf_writer_set_str(w, "general.name", v->name);
+    nm_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v->tokens, count(v->tokens));
+    if (v->merges)
+        nm_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", v->merges, count(v->merges));
+    if (v->types)
+        nm_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", NM_GGUF_INT32, v->types,
+                               v->n_types);
+    if (v->bos >= 0) nm_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+    if (v->add_bos >= 0) nm_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos);
+    size_t n_mem = 0;
+    nm_status st = nm_gguf_writer_to_memory(w, mem, &n_mem, err);
+    nm_gguf_writer_free(w);
+    if (st != NM_OK) return st;
+    if ((st = nm_gguf_open_memory(*mem, n_mem, gguf, err)) != NM_OK) return st;
+    return nm_tokenizer_load(*gguf, tok, err);
+}
+
+static void unload(nm_gguf *gguf, uint8_t *mem, nm_tokenizer *tok) {
+    nm_tokenizer_free(tok);
+    nm_gguf_close(gguf);
+    nm_free(mem);
+}
+
+/* "Ġ" is the alphabet's space (U+0120). */
+static const char *const small_tokens[] = {"a", "b", "c", "\xC4\xA0", "ab", "bc", "aa",
+                                           "\xC4\xA0" "a", "<|x|>", "<u>", "</s>", "ca", NULL};
+
+static void check_hostile(const char *what, vocab_spec v, nm_status want, const char *needle) {
+    nm_gguf *gguf;
+    uint8_t *mem;
+    nm_tokenizer *tok;
+    nm_error err = {0};
+    nm_status st = load_spec(&v, &gguf, &mem, &tok, &err);
+    nm_test_checks++;
+    if (st != want || !strstr(err.msg, needle)) {
+        nm_test_failures++;
+        fprintf(stderr, "%s: want %s with '%s', got %s: '%s'\n", what, nm_status_str(want),
+                needle, nm_status_str(st), err.msg);
+    }
+    CHECK(tok == NULL);
+    unload(gguf, mem, tok);
+}
+
+static void check_small_vocabs(void) {
+    const int32_t types[] = {1, 1, 1, 1, 1, 1, 1, 1, 3, 4, 1, 1};
+    const vocab_spec base = {"gpt2", "qwen2", small_tokens,
+                             (const char *const[]){"b c", "a b", "a a", "\xC4\xA0 a", NULL},
+                             types, 12, -1, -1, NULL};
+    nm_gguf *gguf;
+    uint8_t *mem;
+    nm_tokenizer *tok;
+    nm_error err = {0};
+    nm_status st = load_spec(&base, &gguf, &mem, &tok, &err);
+    CHECK_INT_EQ(st, NM_OK);
+    if (st != NM_OK) {
+        fprintf(stderr, "small vocab: %s\n", err.msg);
+        unload(gguf, mem, tok);
+        return;
+    }
+    check_encoding(tok, "ca", true, (const int32_t[]){2, 0}, 2);
+    /* lower rank first: "b c" (0) before "a b" (1) */
+    check_encoding(tok, "abc", true, (const int32_t[]){0, 5}, 2);
+    /* equal ranks: the leftmost pair first */
+    check_encoding(tok, "aaa", true, (const int32_t[]){6, 0}, 2);
+    check_encoding(tok, "aaaa", true, (const int32_t[]){6, 6}, 2);
+    /* a space and a letter merge across the word start */
+    check_encoding(tok, "ab a", true, (const int32_t[]){4, 7}, 2);
+    /* bytes with no token (here 'd', and U+00E9's two bytes) are dropped,
+     * as llama.cpp drops them */
+    check_encoding(tok, "adb", true, (const int32_t[]){0, 1}, 2);
+    check_encoding(tok, "\xC3\xA9", true, (const int32_t[]){0}, 0);
+    /* CONTROL only with special parsing; USER_DEFINED always; </s> is
+     * re-typed CONTROL and ends generation */
+    check_encoding(tok, "a<|x|>b", true, (const int32_t[]){0, 8, 1}, 3);
+    check_encoding(tok, "<u>b", false, (const int32_t[]){9, 1}, 2);
+    check_encoding(tok, "</s>", true, (const int32_t[]){10}, 1);
+    CHECK(nm_tokenizer_is_eog(tok, 10));
+    CHECK(!nm_tokenizer_is_eog(tok, 8));
+    CHECK_INT_EQ(nm_tokenizer_bos(tok), -1);
+    unload(gguf, mem, tok);
+
+    /* a Phi-3 name makes llama.cpp eat the whitespace after special tokens */
+    vocab_spec phi = base;
+    phi.name = "Phi-3 test";
+    st = load_spec(&phi, &gguf, &mem, &tok, &err);
+    CHECK_INT_EQ(st, NM_OK);
+    if (st == NM_OK) check_encoding(tok, "<|x|> a", true, (const int32_t[]){8, 0}, 2);
+    unload(gguf, mem, tok);
+
+    /* llama3: a word that is a token skips the merges, BOS by default */
+    vocab_spec l3 = base;
+    l3.pre = "llama3";
+    l3.bos = 0;
+    st = load_spec(&l3, &gguf, &mem, &tok, &err);
+    CHECK_INT_EQ(st, NM_OK);
+    if (st == NM_OK) {
+        CHECK(nm_tokenizer_add_bos(tok));
+        check_encoding(tok, "abc", true, (const int32_t[]){0, 5}, 2);
+        /* "ca" has no merge, but is a token */
+        check_encoding(tok, "ca", true, (const int32_t[]){11}, 1);
+    }
+    unload(gguf, mem, tok);
+
+    /* hostile and unsupported files */
+    vocab_spec v = base;
+    v.model = "llama";
+    check_hostile("model llama", v, NM_ERR_UNSUPPORTED, "'llama'");
+    v = base;
+    v.pre = "gpt-2";
+    check_hostile("pre gpt-2", v, NM_ERR_UNSUPPORTED, "'gpt-2'");
+    v = base;
+    v.pre = NULL;
+    check_hostile("no pre", v, NM_ERR_UNSUPPORTED, "'default'");
+    v = base;
+    v.merges = (const char *const[]){"a b", "a d", NULL};
+    check_hostile("merge of a missing token", v, NM_ERR_FORMAT, "merge 1 'a d'");
+    v.merges = (const char *const[]){"a c", NULL};
+    check_hostile("merge into a missing token", v, NM_ERR_FORMAT, "merged text");
+    v.merges = (const char *const[]){"a b", "ab", NULL};
+    check_hostile("merge without a space", v, NM_ERR_FORMAT, "merge 1 'ab'");
+    v.merges = (const char *const[]){"a ", NULL};
+    check_hostile("merge with an empty part", v, NM_ERR_FORMAT, "right part");
+    v.merges = NULL;
+    check_hostile("no merges", v, NM_ERR_NOT_FOUND, "tokenizer.ggml.merges");
+    v = base;
+    v.n_types = 11;
+    check_hostile("token_type count", v, NM_ERR_FORMAT, "11 entries for 12 tokens");
+    v = base;
+    v.bos = 12;
+    check_hostile("bos out of range", v, NM_ERR_FORMAT, "bos_token_id = 12");
+    v = base;
+    v.add_bos = 1;
+    check_hostile("add_bos without bos", v, NM_ERR_FORMAT, "no BOS");
+    v = base;
+    v.tokens = (const char *const[]){"a", "b", "ab", "a", NULL};
+    v.types = NULL;
+    v.merges = (const char *const[]){"a b", NULL};
+    check_hostile("duplicate token", v, NM_ERR_FORMAT, "tokens 0 and 3");
+}
+
+/* Every allocation of load and encode may fail: each failure is reported
+ * as NM_ERR_NOMEM and nothing leaks (AddressSanitizer checks the latter). */
+static void check_allocation_failures(void) {
+    const vocab_spec base = {"gpt2", "qwen2", small_tokens,
+                             (const char *const[]){"b c", "a b", "a a", NULL},
+                             NULL, 0, -1, -1, NULL};
+    int n_nomem = 0;
+    for (long k = 0; k < 200; k++) {
+        nm_gguf *gguf;
+        uint8_t *mem;
+        nm_tokenizer *tok;
+        nm_error err = {0};
+        /* build the file with allocation working, then fail the k-th
+         * allocation of the tokenizer's load or of one encode */
+        nm_gguf_writer *w = nm_gguf_writer_new();
+        nm_gguf_writer_set_str(w, "tokenizer.ggml.model", base.model);
+        nm_gguf_writer_set_str(w, "tokenizer.ggml.pre", base.pre);
+        nm_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", base.tokens, count(base.tokens));
+        nm_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", base.merges, count(base.merges));
+        size_t n_mem = 0;
+        nm_status st = nm_gguf_writer_to_memory(w, &mem, &n_mem, &err);
+        nm_gguf_writer_free(w);
+        CHECK_INT_EQ(st, NM_OK);
+        st = nm_gguf_open_memory(mem, n_mem, &gguf, &err);
+        CHECK_INT_EQ(st, NM_OK);
+        nm_alloc_fail_after(k);
+        st = nm_tokenizer_load(gguf, &tok, &err);
+        if (st == NM_OK) {
+            int32_t ids[16];
+            size_t n_out;
+            st = nm_tokenizer_encode(tok, "aab bca <|x|> aaaa", 18, false, true, ids, 16, &n_out,
+                                     &err);
+        }
+        nm_alloc_fail_after(-1);
+        CHECK(st == NM_OK || st == NM_ERR_NOMEM);
+        if (st == NM_ERR_NOMEM) n_nomem++;
+        nm_tokenizer_free(tok);
+        nm_gguf_close(gguf);
+        nm_free(mem);
+        if (st == NM_OK) break;
+    }
+    CHECK(n_nomem >= 8);
+}
+
+int main(void) {
+    check_splitter();
+    check_small_vocabs();
+    check_allocation_failures();
+
+    nm_gguf *gguf = NULL;
+    nm_tokenizer *tok = load_vocab(NM_VECTORS_DIR "/qwen3-vocab.gguf", &gguf);
+    if (tok) {
+        int n = check_golden_file(tok, NM_VECTORS_DIR "/qwen3-tokenize.tsv");
+        CHECK_INT_EQ(n, 80);
+        check_qwen3_rules(tok);
+        check_count_then_fill(tok);
+        check_invalid_utf8(tok);
+    }
+    nm_tokenizer_free(tok);
+    nm_gguf_close(gguf);
+
+    tok = load_vocab(NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf", &gguf);
+    if (tok) {
+        int n = check_golden_file(tok, NM_VECTORS_DIR "/qwen3-4k-tokenize.tsv");
+        CHECK_INT_EQ(n, 80);
+        CHECK_INT_EQ(nm_tokenizer_n_vocab(tok), 4099);
+        CHECK(nm_tokenizer_is_eog(tok, 4096) && nm_tokenizer_is_eog(tok, 4098));
+        CHECK(!nm_tokenizer_is_eog(tok, 4097));
+    }
+    nm_tokenizer_free(tok);
+    nm_gguf_close(gguf);
+    return nm_test_finish("test_tokenizer");
+}

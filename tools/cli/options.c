@@ -1,0 +1,213 @@
+/* Option table of the npumoe command. Each option is declared once: its
+ * names, value kind, allowed range, the commands that take it and its help
+ * text; parsing and --help both read this table. Values out of range are
+ * rejected with a message, never clamped. */
+#include "options.h"
+
+#include "npumoe.h"
+
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KIND_STR, KIND_I32, KIND_F32, KIND_U64, KIND_FLAG } value_kind;
+
+typedef struct option_def {
+    const char *name;  /* long name without dashes */
+    char short_name;   /* 0 = none */
+    value_kind kind;
+    size_t offset;     /* field in cli_options */
+    double lo, hi;     /* allowed range of numbers */
+    int commands;      /* CMD_* bits */
+    const char *arg;   /* placeholder in --help */
+    const char *help;
+} option_def;
+
+#define ALL_MODEL (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS)
+#define TEXT_IN (CMD_TOKENIZE | CMD_RUN | CMD_LOGITS)
+#define EVAL (CMD_RUN | CMD_LOGITS)
+#define F(field) offsetof(cli_options, field)
+
+static const option_def option_table[] = {
+    {"model", 'm', KIND_STR, F(model), 0, 0, ALL_MODEL, "FILE", "GGUF model file (required)"},
+    {"prompt", 'p', KIND_STR, F(prompt), 0, 0, TEXT_IN, "TEXT", "prompt text (UTF-8)"},
+    {"file", 'f', KIND_STR, F(file), 0, 0, TEXT_IN, "FILE", "read the prompt from a file"},
+    {"tokens", 0, KIND_STR, F(tokens), 0, 0, EVAL, "\"ID ID ...\"",
+     "prompt as token ids, space separated"},
+    {"n-predict", 'n', KIND_I32, F(n_predict), 0, INT32_MAX, CMD_RUN, "N",
+     "tokens to generate (default 128); stops early at end of generation"},
+    {"temp", 0, KIND_F32, F(temperature), 0, 100, CMD_RUN, "T",
+     "sampling temperature; 0 = greedy (default 0.8)"},
+    {"top-k", 0, KIND_I32, F(top_k), 0, INT32_MAX, CMD_RUN, "K",
+     "keep the K most likely tokens; 0 = off (default 40)"},
+    {"top-p", 0, KIND_F32, F(top_p), 1e-9, 1, CMD_RUN, "P",
+     "keep the smallest set with probability >= P; 1 = off (default 0.95)"},
+    {"min-p", 0, KIND_F32, F(min_p), 0, 1, CMD_RUN, "P",
+     "drop tokens less likely than P times the best; 0 = off (default 0.05)"},
+    {"repeat-penalty", 0, KIND_F32, F(repeat_penalty), 1e-6, 100, CMD_RUN, "R",
+     "penalise recently seen tokens; 1 = off (default 1)"},
+    {"repeat-last-n", 0, KIND_I32, F(repeat_last_n), 0, 1 << 20, CMD_RUN, "N",
+     "window of the repeat penalty (default 64)"},
+    {"seed", 0, KIND_U64, F(seed), 0, 0, CMD_RUN, "S", "random seed (default 0)"},
+    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL, "N",
+     "compute threads (default: online CPUs)"},
+    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL, "N",
+     "context size in tokens (default: trained context, at most 4096)"},
+    {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
+     "tokens per prefill step (default 512)"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS, "FILE",
+     "where to write float32 little-endian logits"},
+    {"all", 0, KIND_FLAG, F(all), 0, 0, CMD_LOGITS, NULL,
+     "logits of every position ([n_positions][n_vocab]), not only the last"},
+    {"json", 0, KIND_FLAG, F(json), 0, 0, CMD_RUN, NULL,
+     "print one JSON object on stdout instead of text and statistics"},
+    {"no-special", 0, KIND_FLAG, F(no_special), 0, 0, TEXT_IN, NULL,
+     "treat special-token text such as <|im_start|> as plain text"},
+    {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL, NULL, "show this help"},
+};
+
+static const struct {
+    const char *name;
+    int bit;
+    const char *usage;
+    const char *summary;
+} command_table[] = {
+    {"info", CMD_INFO, "info -m MODEL", "architecture, hyperparameters, tensor types and sizes"},
+    {"tokenize", CMD_TOKENIZE, "tokenize -m MODEL (-p TEXT | -f FILE)",
+     "print the token ids of a text, space separated"},
+    {"run", CMD_RUN, "run -m MODEL (-p TEXT | -f FILE | --tokens IDS) [options]",
+     "generate text; statistics go to stderr"},
+    {"logits", CMD_LOGITS, "logits -m MODEL (-p TEXT | -f FILE | --tokens IDS) -o FILE [--all]",
+     "write the logits of a prompt"},
+};
+
+int cli_command_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++)
+        if (strcmp(name, command_table[i].name) == 0) return command_table[i].bit;
+    return 0;
+}
+
+static void set_defaults(cli_options *o) {
+    memset(o, 0, sizeof *o);
+    nm_sampler_params sp = nm_sampler_default_params();
+    o->n_predict = 128;
+    o->temperature = sp.temperature;
+    o->top_k = sp.top_k;
+    o->top_p = sp.top_p;
+    o->min_p = sp.min_p;
+    o->repeat_penalty = sp.repeat_penalty;
+    o->repeat_last_n = sp.repeat_last_n;
+    o->seed = sp.seed;
+}
+
+static const option_def *find_option(const char *arg) {
+    for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
+        const option_def *d = &option_table[i];
+        if (arg[0] == '-' && arg[1] == '-' && strcmp(arg + 2, d->name) == 0) return d;
+        if (arg[0] == '-' && d->short_name && arg[1] == d->short_name && arg[2] == 0) return d;
+    }
+    return NULL;
+}
+
+static bool parse_value(const option_def *d, const char *text, cli_options *o, char *msg,
+                        size_t cap) {
+    char *field = (char *)o + d->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (d->kind) {
+    case KIND_STR:
+        *(const char **)field = text;
+        return true;
+    case KIND_I32: {
+        long long v = strtoll(text, &end, 10);
+        if (errno || end == text || *end || v < (long long)d->lo || v > (long long)d->hi) {
+            snprintf(msg, cap, "--%s: '%s' is not an integer in [%.0f, %.0f]", d->name, text,
+                     d->lo, d->hi);
+            return false;
+        }
+        *(int32_t *)field = (int32_t)v;
+        return true;
+    }
+    case KIND_F32: {
+        double v = strtod(text, &end);
+        if (errno || end == text || *end || !isfinite(v) || v < d->lo || v > d->hi) {
+            snprintf(msg, cap, "--%s: '%s' is not a number in [%g, %g]", d->name, text, d->lo,
+                     d->hi);
+            return false;
+        }
+        *(float *)field = (float)v;
+        return true;
+    }
+    case KIND_U64: {
+        if (text[0] == '-') end = (char *)text; /* strtoull would accept and negate */
+        else {
+            unsigned long long v = strtoull(text, &end, 10);
+            if (!errno && end != text && !*end) {
+                *(uint64_t *)field = (uint64_t)v;
+                return true;
+            }
+        }
+        snprintf(msg, cap, "--%s: '%s' is not an unsigned 64-bit integer", d->name, text);
+        return false;
+    }
+    case KIND_FLAG:
+        break;
+    }
+    return false;
+}
+
+bool cli_parse(int cmd, int argc, char **argv, int first, cli_options *o, char *msg,
+               size_t msg_cap) {
+    set_defaults(o);
+    for (int i = first; i < argc; i++) {
+        const char *arg = argv[i];
+        const option_def *d = find_option(arg);
+        if (!d) {
+            snprintf(msg, msg_cap, "unknown option '%s' (see --help)", arg);
+            return false;
+        }
+        if (!(d->commands & cmd)) {
+            snprintf(msg, msg_cap, "option '%s' does not apply to this command (see --help)", arg);
+            return false;
+        }
+        if (d->kind == KIND_FLAG) {
+            *(bool *)((char *)o + d->offset) = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            snprintf(msg, msg_cap, "option '%s' needs a value (%s)", arg, d->arg);
+            return false;
+        }
+        if (!parse_value(d, argv[++i], o, msg, msg_cap)) return false;
+    }
+    return true;
+}
+
+void cli_print_help(FILE *f, int cmd) {
+    if (cmd == 0) {
+        fprintf(f, "npumoe %s: Mixture-of-Experts inference on GGUF models\n\n",
+                "0.1.0");
+        fprintf(f, "usage: npumoe COMMAND [options]   (npumoe COMMAND --help for its options)\n\n");
+        for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++)
+            fprintf(f, "  %-10s %s\n", command_table[i].name, command_table[i].summary);
+        return;
+    }
+    for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++)
+        if (command_table[i].bit == cmd)
+            fprintf(f, "usage: npumoe %s\n%s\n\noptions:\n", command_table[i].usage,
+                    command_table[i].summary);
+    for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
+        const option_def *d = &option_table[i];
+        if (!(d->commands & cmd)) continue;
+        char names[64];
+        if (d->short_name)
+            snprintf(names, sizeof names, "-%c, --%s %s", d->short_name, d->name, d->arg ? d->arg : "");
+        else
+            snprintf(names, sizeof names, "    --%s %s", d->name, d->arg ? d->arg : "");
+        fprintf(f, "  %-30s %s\n", names, d->help);
+    }
+}

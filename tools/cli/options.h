@@ -1,0 +1,52 @@
+/* The npumoe command's options: declared once in a table (options.c) from
+ * which parsing, validation and --help are all generated. */
+#ifndef NM_CLI_OPTIONS_H
+#define NM_CLI_OPTIONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Subcommands, as bits so an option can list those that accept it. */
+enum {
+    CMD_INFO = 1 << 0,
+    CMD_TOKENIZE = 1 << 1,
+    CMD_RUN = 1 << 2,
+    CMD_LOGITS = 1 << 3,
+};
+
+typedef struct cli_options {
+    const char *model;
+    const char *prompt;
+    const char *file;
+    const char *tokens;
+    const char *output;
+    int32_t n_predict;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    float repeat_penalty;
+    int32_t repeat_last_n;
+    uint64_t seed;
+    int32_t threads;
+    int32_t ctx;
+    int32_t batch;
+    bool json;
+    bool all;
+    bool no_special;
+    bool help;
+} cli_options;
+
+/* Fills defaults, then parses argv[first..argc) for command cmd. On a bad
+ * option or value, writes a one-line message to msg and returns false. */
+bool cli_parse(int cmd, int argc, char **argv, int first, cli_options *o, char *msg,
+               size_t msg_cap);
+
+/* Usage of one command (cmd != 0) or of the whole program (cmd == 0). */
+void cli_print_help(FILE *f, int cmd);
+
+/* Command name <-> bit. */
+int cli_command_from_name(const char *name);
+
+#endif /* NM_CLI_OPTIONS_H */

@@ -1,0 +1,572 @@
+/* nm_gen_fixture: writes tiny random-weight qwen3moe GGUF models, laid out key
+ * for key and tensor for tensor as llama.cpp's convert_hf_to_gguf.py writes
+ * Qwen3-MoE, so that CI can run the whole engine without downloading a model.
+ * The weights come from a seeded generator that gives the same bytes on
+ * every machine, and the router is skewed the way trained routers are (a few
+ * experts take most tokens, a different few in each layer). A second mode,
+ * --extract-vocab, copies the tokenizer of a GGUF into a vocab-only file. */
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "tensor/tensor.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The weights must not depend on the compiler fusing a*b+c into one
+ * rounding: GCC in ISO C mode does not, clang is told here. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define PROG "nm_gen_fixture"
+#define ARCH "qwen3moe"
+#define MAX_PARAMS 1000000000ll /* a fixture, not a model */
+
+/* ---- options ---------------------------------------------------------------- */
+
+typedef struct config {
+    int64_t seed, n_layer, d_model, n_head, n_head_kv, head_dim, n_expert, n_expert_used, n_ff,
+        n_ctx, n_vocab;
+    const char *type_name; /* f32 | f16 | bf16 */
+    int64_t tied;          /* flag: 0 or 1 */
+    const char *vocab_path, *extract_path, *out_path, *name;
+    int64_t help;
+} config;
+
+typedef enum opt_kind { OPT_INT, OPT_STR, OPT_FLAG } opt_kind;
+
+typedef struct option {
+    const char *name;
+    opt_kind kind;
+    size_t field; /* offsetof(config, ...) */
+    int64_t min, max;
+    const char *arg; /* what the value is, for --help */
+    const char *help;
+} option;
+
+#define FIELD(f) offsetof(config, f)
+
+/* Each option is declared once; parsing and --help both read this table. */
+static const option options[] = {
+    {"-o", OPT_STR, FIELD(out_path), 0, 0, "OUT", "output GGUF file (required)"},
+    {"--seed", OPT_INT, FIELD(seed), 0, INT64_MAX, "N", "random seed (default 42)"},
+    {"--layers", OPT_INT, FIELD(n_layer), 1, 256, "N", "transformer blocks (default 4)"},
+    {"--d-model", OPT_INT, FIELD(d_model), 1, 16384, "N", "embedding width (default 64)"},
+    {"--heads", OPT_INT, FIELD(n_head), 1, 1024, "N", "query heads (default 4)"},
+    {"--kv-heads", OPT_INT, FIELD(n_head_kv), 1, 1024, "N",
+     "key/value heads, dividing --heads (default 2)"},
+    {"--head-dim", OPT_INT, FIELD(head_dim), 2, 1024, "N", "width of one head, even (default 16)"},
+    {"--experts", OPT_INT, FIELD(n_expert), 1, 1024, "N", "experts per layer (default 16)"},
+    {"--experts-used", OPT_INT, FIELD(n_expert_used), 1, 1024, "N",
+     "experts per token, at most --experts (default 4)"},
+    {"--ffn", OPT_INT, FIELD(n_ff), 1, 65536, "N", "expert hidden width (default 32)"},
+    {"--ctx", OPT_INT, FIELD(n_ctx), 1, 1 << 24, "N", "trained context length (default 4096)"},
+    {"--n-vocab", OPT_INT, FIELD(n_vocab), 1, 1 << 24, "N",
+     "vocabulary size when there is no --vocab (default 256, no tokenizer keys)"},
+    {"--type", OPT_STR, FIELD(type_name), 0, 0, "f32|f16|bf16",
+     "type of the matrices; norms and the router stay f32 (default f32)"},
+    {"--tied", OPT_FLAG, FIELD(tied), 0, 0, NULL, "no output.weight (output tied to token_embd)"},
+    {"--vocab", OPT_STR, FIELD(vocab_path), 0, 0, "FILE",
+     "copy every tokenizer.* key (and n_vocab) from this GGUF"},
+    {"--name", OPT_STR, FIELD(name), 0, 0, "TEXT", "general.name"},
+    {"--extract-vocab", OPT_STR, FIELD(extract_path), 0, 0, "IN",
+     "instead of a model, write a vocab-only GGUF of IN's tokenizer (uses -o and --name)"},
+    {"--help", OPT_FLAG, FIELD(help), 0, 0, NULL, "print this help"},
+};
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static void print_help(FILE *f) {
+    fprintf(f, "usage: " PROG " [options] -o OUT\n"
+               "Writes a tiny random-weight " ARCH " GGUF laid out as convert_hf_to_gguf.py "
+               "writes Qwen3-MoE.\n\n");
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s", options[i].name, options[i].arg ? " " : "",
+                 options[i].arg ? options[i].arg : "");
+        fprintf(f, "  %-26s %s\n", left, options[i].help);
+    }
+}
+
+/* Returns 0, or 1 after printing one line about the first bad argument. */
+static int parse_args(int argc, char **argv, config *c, bool seen[N_OPTIONS]) {
+    for (int i = 1; i < argc; i++) {
+        size_t k = 0;
+        while (k < N_OPTIONS && strcmp(argv[i], options[k].name) != 0) k++;
+        if (k == N_OPTIONS) {
+            fprintf(stderr, PROG ": unknown option '%s' (see --help)\n", argv[i]);
+            return 1;
+        }
+        const option *o = &options[k];
+        if (seen[k]) {
+            fprintf(stderr, PROG ": %s given twice\n", o->name);
+            return 1;
+        }
+        seen[k] = true;
+        void *field = (char *)c + o->field;
+        if (o->kind == OPT_FLAG) {
+            *(int64_t *)field = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, PROG ": %s needs a value (%s)\n", o->name, o->arg);
+            return 1;
+        }
+        const char *value = argv[++i];
+        if (o->kind == OPT_STR) {
+            if (value[0] == '\0') {
+                fprintf(stderr, PROG ": %s needs a non-empty value\n", o->name);
+                return 1;
+            }
+            *(const char **)field = value;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (errno || end == value || *end != '\0' || v < o->min || v > o->max) {
+            fprintf(stderr, PROG ": %s '%s' is not an integer in %lld..%lld\n", o->name, value,
+                    (long long)o->min, (long long)o->max);
+            return 1;
+        }
+        *(int64_t *)field = v;
+    }
+    return 0;
+}
+
+static bool was_seen(const bool seen[N_OPTIONS], const char *name) {
+    for (size_t k = 0; k < N_OPTIONS; k++) {
+        if (strcmp(options[k].name, name) == 0) return seen[k];
+    }
+    NM_ASSERT(!"option not in the table");
+    return false;
+}
+
+/* Cross-option rules; returns 0 or 1 after printing one line. */
+static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *type) {
+    if (!c->out_path) {
+        fprintf(stderr, PROG ": no output file (-o OUT)\n");
+        return 1;
+    }
+    if (c->extract_path) {
+        for (size_t k = 0; k < N_OPTIONS; k++) {
+            const char *n = options[k].name;
+            if (seen[k] && strcmp(n, "-o") && strcmp(n, "--name") && strcmp(n, "--extract-vocab")) {
+                fprintf(stderr, PROG ": %s has no effect with --extract-vocab\n", n);
+                return 1;
+            }
+        }
+        return 0;
+    }
+    if (strcmp(c->type_name, "f32") == 0) *type = NM_DTYPE_F32;
+    else if (strcmp(c->type_name, "f16") == 0) *type = NM_DTYPE_F16;
+    else if (strcmp(c->type_name, "bf16") == 0) *type = NM_DTYPE_BF16;
+    else {
+        fprintf(stderr, PROG ": --type '%s' is not one of f32, f16, bf16\n", c->type_name);
+        return 1;
+    }
+    if (c->n_head % c->n_head_kv != 0) {
+        fprintf(stderr, PROG ": --heads %lld is not a multiple of --kv-heads %lld\n",
+                (long long)c->n_head, (long long)c->n_head_kv);
+        return 1;
+    }
+    if (c->head_dim % 2 != 0) {
+        fprintf(stderr, PROG ": --head-dim %lld is odd; RoPE rotates pairs\n",
+                (long long)c->head_dim);
+        return 1;
+    }
+    if (c->n_expert_used > c->n_expert) {
+        fprintf(stderr, PROG ": --experts-used %lld exceeds --experts %lld\n",
+                (long long)c->n_expert_used, (long long)c->n_expert);
+        return 1;
+    }
+    if (c->vocab_path && was_seen(seen, "--n-vocab")) {
+        fprintf(stderr, PROG ": give --vocab or --n-vocab, not both\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- deterministic random numbers ------------------------------------------- */
+
+/* xoshiro256** seeded through splitmix64; normals by Box-Muller in
+ * Marsaglia's polar form, with a logarithm built from + - * / only, because
+ * libm's log may differ in the last bit between machines and the fixture
+ * must be the same everywhere. */
+typedef struct rng {
+    uint64_t s[4];
+} rng;
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(rng *r) {
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+/* Uniform in [0, 1), 53 bits. */
+static double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
+
+/* ln(x) for x > 0: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), then
+ * ln m = 2 atanh(t), t = (m-1)/(m+1), |t| < 0.172, whose series reaches
+ * double precision within 14 terms. */
+static double det_log(double x) {
+    int e = 0;
+    while (x >= 1.4142135623730951) {
+        x *= 0.5;
+        e++;
+    }
+    while (x < 0.7071067811865476) {
+        x *= 2.0;
+        e--;
+    }
+    double t = (x - 1.0) / (x + 1.0), t2 = t * t, term = t, sum = 0.0;
+    for (int k = 0; k < 14; k++) {
+        sum += term / (double)(2 * k + 1);
+        term *= t2;
+    }
+    return 2.0 * sum + (double)e * 0.6931471805599453;
+}
+
+static double rng_normal(rng *r) {
+    for (;;) {
+        double u = 2.0 * rng_uniform(r) - 1.0, v = 2.0 * rng_uniform(r) - 1.0;
+        double s = u * u + v * v;
+        if (s > 0.0 && s < 1.0) return u * sqrt(-2.0 * det_log(s) / s);
+    }
+}
+
+/* Each tensor draws from its own stream, seeded by the seed and its name,
+ * so its values do not depend on what else the model holds. */
+static void rng_for(rng *r, uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    uint64_t x = seed ^ h;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+/* ---- the model -------------------------------------------------------------- */
+
+typedef enum init_kind {
+    INIT_MATRIX,      /* N(0, (0.8/sqrt(fan_in))^2), fan_in = ne[0] */
+    INIT_NORM,        /* 1 + 0.1 N(0, 1) */
+    INIT_OUTPUT,      /* N(0, (2/sqrt(d))^2): logits of std about 2 */
+    INIT_EMBEDDING,   /* INIT_MATRIX + EMBD_SHARED * u on every row */
+    INIT_ROUTER,      /* N(0, 1/d) + b_e u on row e */
+} init_kind;
+
+/* Every token embedding carries EMBD_SHARED * u, as large as its random part
+ * (norm 0.8), so after RMSNorm the hidden state's projection on u is about
+ * X0 = sqrt(d) * 0.8 / sqrt(0.8^2 + 0.8^2) = sqrt(d/2). A router row with
+ * b_e u then adds b_e * X0 to expert e's logit, next to a N(0, 1) part. */
+#define EMBD_SHARED 0.4
+/* Expert e of popularity rank r gets the logit bias -ZIPF_S * ln(1 + r): a
+ * log-Zipf profile, so the rank-0 expert wins most top-k contests. */
+#define ZIPF_S 1.0
+
+typedef struct gen {
+    const config *c;
+    uint32_t type; /* of the matrices */
+    int64_t n_vocab;
+    double *u; /* [d_model], unit length: the direction all embeddings share */
+    nm_gguf_writer *w;
+} gen;
+
+static nm_status fill(const gen *g, const char *name, init_kind kind, int layer, const int64_t *ne,
+                      float *x /* [ne[3]][ne[2]][ne[1]][ne[0]] */) {
+    rng r;
+    rng_for(&r, (uint64_t)g->c->seed, name);
+    int64_t d = g->c->d_model, n = ne[0] * ne[1] * ne[2] * ne[3];
+    double std = kind == INIT_OUTPUT   ? 2.0 / sqrt((double)d)
+                 : kind == INIT_ROUTER ? 1.0 / sqrt((double)d)
+                                       : 0.8 / sqrt((double)ne[0]);
+    for (int64_t i = 0; i < n; i++) {
+        double z = rng_normal(&r);
+        x[i] = (float)(kind == INIT_NORM ? 1.0 + 0.1 * z : std * z);
+    }
+    if (kind == INIT_EMBEDDING) {
+        for (int64_t row = 0; row < ne[1]; row++) {
+            for (int64_t j = 0; j < d; j++) x[row * d + j] += (float)(EMBD_SHARED * g->u[j]);
+        }
+    }
+    if (kind == INIT_ROUTER) {
+        /* A popularity order of the experts of this layer, from a stream of
+         * its own so every layer ranks them differently. */
+        char perm_name[64];
+        snprintf(perm_name, sizeof perm_name, "blk.%d.router_rank", layer);
+        rng_for(&r, (uint64_t)g->c->seed, perm_name);
+        int64_t n_expert = ne[1];
+        int64_t *rank = nm_malloc((size_t)n_expert * sizeof *rank); /* [n_expert] */
+        if (!rank) return NM_ERR_NOMEM;
+        for (int64_t e = 0; e < n_expert; e++) rank[e] = e;
+        for (int64_t e = n_expert - 1; e > 0; e--) {
+            int64_t k = (int64_t)(rng_next(&r) % (uint64_t)(e + 1));
+            int64_t t = rank[e];
+            rank[e] = rank[k];
+            rank[k] = t;
+        }
+        double x0 = sqrt((double)d) * EMBD_SHARED / sqrt(EMBD_SHARED * EMBD_SHARED + 0.64);
+        for (int64_t e = 0; e < n_expert; e++) {
+            double b = -ZIPF_S * det_log(1.0 + (double)rank[e]) / x0;
+            for (int64_t j = 0; j < d; j++) x[e * d + j] += (float)(b * g->u[j]);
+        }
+        nm_free(rank);
+    }
+    return NM_OK;
+}
+
+/* One tensor: ne ggml-style (ne[0] contiguous), unused dims 1. */
+static nm_status add_weight(gen *g, const char *name, uint32_t type, init_kind kind, int layer,
+                            uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2) {
+    const int64_t ne[4] = {ne0, ne1, ne2, 1};
+    size_t n = (size_t)(ne0 * ne1 * ne2), row_bytes;
+    NM_ASSERT(nm_dtype_row_bytes(type, ne0, &row_bytes));
+    size_t n_bytes = row_bytes * (n / (size_t)ne0);
+    float *x = nm_malloc(n * sizeof *x);        /* [ne2][ne1][ne0] */
+    uint8_t *bytes = nm_malloc(n_bytes);        /* the same in `type` */
+    nm_status st = x && bytes ? fill(g, name, kind, layer, ne, x) : NM_ERR_NOMEM;
+    if (st == NM_OK) {
+        if (type == NM_DTYPE_F32) {
+            memcpy(bytes, x, n_bytes);
+        } else {
+            uint16_t *h = (uint16_t *)bytes;
+            for (size_t i = 0; i < n; i++) {
+                h[i] = type == NM_DTYPE_F16 ? nm_f32_to_f16(x[i]) : nm_f32_to_bf16(x[i]);
+            }
+        }
+        st = nm_gguf_writer_add_tensor(g->w, name, type, n_dims, ne, bytes, n_bytes);
+    }
+    nm_free(x);
+    nm_free(bytes);
+    return st;
+}
+
+static nm_status add_tensors(gen *g) {
+    const config *c = g->c;
+    int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
+    int64_t E = c->n_expert, ff = c->n_ff;
+    uint32_t t = g->type, f32 = NM_DTYPE_F32;
+    nm_status st = add_weight(g, "token_embd.weight", t, INIT_EMBEDDING, 0, 2, d, g->n_vocab, 1);
+    /* The converter's order within a block. */
+    for (int l = 0; l < c->n_layer && st == NM_OK; l++) {
+        const struct {
+            const char *suffix;
+            uint32_t type;
+            init_kind kind;
+            uint32_t n_dims;
+            int64_t ne0, ne1, ne2;
+        } parts[] = {
+            {"attn_norm", f32, INIT_NORM, 1, d, 1, 1},
+            {"attn_q", t, INIT_MATRIX, 2, d, q, 1},
+            {"attn_k", t, INIT_MATRIX, 2, d, kv, 1},
+            {"attn_v", t, INIT_MATRIX, 2, d, kv, 1},
+            {"attn_output", t, INIT_MATRIX, 2, q, d, 1},
+            {"attn_q_norm", f32, INIT_NORM, 1, c->head_dim, 1, 1},
+            {"attn_k_norm", f32, INIT_NORM, 1, c->head_dim, 1, 1},
+            {"ffn_norm", f32, INIT_NORM, 1, d, 1, 1},
+            {"ffn_gate_inp", f32, INIT_ROUTER, 2, d, E, 1},
+            {"ffn_gate_exps", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_down_exps", t, INIT_MATRIX, 3, ff, d, E},
+            {"ffn_up_exps", t, INIT_MATRIX, 3, d, ff, E},
+        };
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0] && st == NM_OK; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[i].suffix);
+            st = add_weight(g, name, parts[i].type, parts[i].kind, l, parts[i].n_dims,
+                            parts[i].ne0, parts[i].ne1, parts[i].ne2);
+        }
+    }
+    if (st == NM_OK) st = add_weight(g, "output_norm.weight", f32, INIT_NORM, 0, 1, d, 1, 1);
+    if (st == NM_OK && !c->tied) {
+        st = add_weight(g, "output.weight", t, INIT_OUTPUT, 0, 2, d, g->n_vocab, 1);
+    }
+    return st;
+}
+
+/* Copies every tokenizer.* kv of src, in its order. */
+static nm_status copy_tokenizer(nm_gguf_writer *w, const nm_gguf *src, nm_error *err) {
+    static const char prefix[] = "tokenizer.";
+    for (uint64_t i = 0; i < nm_gguf_n_kv(src); i++) {
+        const nm_gguf_kv *kv = nm_gguf_kv_at(src, i);
+        char key[256];
+        if (kv->key.len < sizeof prefix - 1 || memcmp(kv->key.ptr, prefix, sizeof prefix - 1))
+            continue;
+        if (kv->key.len >= sizeof key || memchr(kv->key.ptr, 0, (size_t)kv->key.len)) {
+            return nm_errorf(err, NM_ERR_FORMAT, "tokenizer key %llu is too long or holds a NUL",
+                             (unsigned long long)i);
+        }
+        memcpy(key, kv->key.ptr, (size_t)kv->key.len);
+        key[kv->key.len] = '\0';
+        nm_status st = nm_gguf_writer_set_value(w, key, &kv->value);
+        if (st != NM_OK) return nm_errorf(err, st, "cannot copy '%s'", key);
+    }
+    return NM_OK;
+}
+
+static nm_gguf_value u32_value(int64_t v) {
+    return (nm_gguf_value){.type = NM_GGUF_UINT32, .v.u64 = (uint64_t)v};
+}
+static nm_gguf_value f32_value(float v) { return (nm_gguf_value){.type = NM_GGUF_FLOAT32, .v.f64 = v}; }
+static nm_gguf_value str_value(const char *v) {
+    return (nm_gguf_value){.type = NM_GGUF_STRING, .v.str = {v, strlen(v)}};
+}
+
+static nm_status set_hparams(gen *g, const char *name) {
+    const config *c = g->c;
+    int64_t file_type = g->type == NM_DTYPE_F32 ? 0 : g->type == NM_DTYPE_F16 ? 1 : 32;
+    /* Keys in the order convert_hf_to_gguf.py writes them for Qwen3-MoE.
+     * feed_forward_length is the dense FFN width HF configs carry
+     * (intermediate_size); MoE layers do not use it: 3 x the expert width. */
+    const struct {
+        const char *key;
+        nm_gguf_value value;
+    } kvs[] = {
+        {"general.architecture", str_value(ARCH)},
+        {"general.type", str_value("model")},
+        {"general.name", str_value(name)},
+        {ARCH ".block_count", u32_value(c->n_layer)},
+        {ARCH ".context_length", u32_value(c->n_ctx)},
+        {ARCH ".embedding_length", u32_value(c->d_model)},
+        {ARCH ".feed_forward_length", u32_value(3 * c->n_ff)},
+        {ARCH ".attention.head_count", u32_value(c->n_head)},
+        {ARCH ".attention.head_count_kv", u32_value(c->n_head_kv)},
+        {ARCH ".rope.freq_base", f32_value(1e6f)},
+        {ARCH ".attention.layer_norm_rms_epsilon", f32_value(1e-6f)},
+        {ARCH ".expert_count", u32_value(c->n_expert)},
+        {ARCH ".expert_used_count", u32_value(c->n_expert_used)},
+        {ARCH ".attention.key_length", u32_value(c->head_dim)},
+        {ARCH ".attention.value_length", u32_value(c->head_dim)},
+        {"general.file_type", u32_value(file_type)},
+        {ARCH ".expert_feed_forward_length", u32_value(c->n_ff)},
+        {"general.quantization_version", u32_value(2)},
+    };
+    nm_status st = NM_OK;
+    for (size_t i = 0; i < sizeof kvs / sizeof kvs[0] && st == NM_OK; i++) {
+        st = nm_gguf_writer_set_value(g->w, kvs[i].key, &kvs[i].value);
+    }
+    return st;
+}
+
+static int64_t param_count(const config *c, int64_t n_vocab) {
+    int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
+    int64_t per_layer = 2 * d + d * q + 2 * d * kv + q * d + 2 * c->head_dim + d * c->n_expert +
+                        3 * d * c->n_ff * c->n_expert;
+    return n_vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * per_layer;
+}
+
+static int make_model(const config *c, uint32_t type) {
+    nm_error err = {0};
+    nm_gguf *vocab = NULL;
+    gen g = {.c = c, .type = type, .n_vocab = c->n_vocab};
+    if (c->vocab_path) {
+        const nm_gguf_value *tokens;
+        if (nm_gguf_open(c->vocab_path, &vocab, &err) != NM_OK ||
+            nm_gguf_get_arr(vocab, "tokenizer.ggml.tokens", NM_GGUF_STRING, &tokens, &err) !=
+                NM_OK) {
+            fprintf(stderr, PROG ": --vocab %s: %s\n", c->vocab_path, err.msg);
+            nm_gguf_close(vocab);
+            return 1;
+        }
+        g.n_vocab = (int64_t)tokens->v.arr.n;
+    }
+    /* The parameter count bounds every product of shapes below. */
+    if (param_count(c, g.n_vocab) > MAX_PARAMS) {
+        fprintf(stderr, PROG ": %lld parameters is too large for a fixture (at most %lld)\n",
+                (long long)param_count(c, g.n_vocab), MAX_PARAMS);
+        nm_gguf_close(vocab);
+        return 1;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "tiny-" ARCH " (random weights, seed %lld)", (long long)c->seed);
+    g.w = nm_gguf_writer_new();
+    g.u = nm_malloc((size_t)c->d_model * sizeof *g.u);
+    nm_status st = g.w && g.u ? set_hparams(&g, c->name ? c->name : name) : NM_ERR_NOMEM;
+    if (st == NM_OK && vocab) st = copy_tokenizer(g.w, vocab, &err);
+    if (st == NM_OK) {
+        rng r;
+        rng_for(&r, (uint64_t)c->seed, "shared_direction");
+        double norm2 = 0.0;
+        for (int64_t j = 0; j < c->d_model; j++) {
+            g.u[j] = rng_normal(&r);
+            norm2 += g.u[j] * g.u[j];
+        }
+        for (int64_t j = 0; j < c->d_model; j++) g.u[j] /= sqrt(norm2);
+        st = add_tensors(&g);
+    }
+    if (st == NM_OK) st = nm_gguf_writer_write_file(g.w, c->out_path, &err);
+    if (st != NM_OK) {
+        fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : nm_status_str(st));
+    } else {
+        printf(PROG ": wrote %s: %lld layers, d %lld, %lld experts top %lld, n_vocab %lld, %s, "
+               "seed %lld\n",
+               c->out_path, (long long)c->n_layer, (long long)c->d_model, (long long)c->n_expert,
+               (long long)c->n_expert_used, (long long)g.n_vocab, c->type_name,
+               (long long)c->seed);
+    }
+    nm_free(g.u);
+    nm_gguf_writer_free(g.w);
+    nm_gguf_close(vocab);
+    return st == NM_OK ? 0 : 1;
+}
+
+/* A vocab-only GGUF (no tensors): the source's architecture, a name, and
+ * every tokenizer.* key. */
+static int extract_vocab(const config *c) {
+    nm_error err = {0};
+    nm_gguf *src = NULL;
+    nm_gguf_str arch;
+    if (nm_gguf_open(c->extract_path, &src, &err) != NM_OK ||
+        nm_gguf_get_str(src, "general.architecture", &arch, &err) != NM_OK) {
+        fprintf(stderr, PROG ": --extract-vocab %s: %s\n", c->extract_path, err.msg);
+        nm_gguf_close(src);
+        return 1;
+    }
+    nm_gguf_writer *w = nm_gguf_writer_new();
+    nm_gguf_value arch_value = {.type = NM_GGUF_STRING, .v.str = arch};
+    char name[160];
+    snprintf(name, sizeof name, "%.*s vocab", (int)(arch.len < 64 ? arch.len : 64), arch.ptr);
+    nm_status st = w ? nm_gguf_writer_set_value(w, "general.architecture", &arch_value)
+                     : NM_ERR_NOMEM;
+    if (st == NM_OK) st = nm_gguf_writer_set_str(w, "general.name", c->name ? c->name : name);
+    if (st == NM_OK) st = copy_tokenizer(w, src, &err);
+    if (st == NM_OK) st = nm_gguf_writer_write_file(w, c->out_path, &err);
+    if (st != NM_OK) fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : nm_status_str(st));
+    else printf(PROG ": wrote %s: the tokenizer of %s\n", c->out_path, c->extract_path);
+    nm_gguf_writer_free(w);
+    nm_gguf_close(src);
+    return st == NM_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    config c = {
+        .seed = 42, .n_layer = 4, .d_model = 64, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
+        .n_expert = 16, .n_expert_used = 4, .n_ff = 32, .n_ctx = 4096, .n_vocab = 256,
+        .type_name = "f32",
+    };
+    bool seen[N_OPTIONS] = {false};
+    if (parse_args(argc, argv, &c, seen) != 0) return 1;
+    if (c.help) {
+        print_help(stdout);
+        return 0;
+    }
+    uint32_t type = NM_DTYPE_F32;
+    if (check_config(&c, seen, &type) != 0) return 1;
+    return c.extract_path ? extract_vocab(&c) : make_model(&c, type);
+}

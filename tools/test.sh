@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds and runs every test of npumoe, as CI does: a release build with
+# warnings as errors, an AddressSanitizer+UndefinedBehaviorSanitizer build,
+# and a short libFuzzer run of each parser. Installs what it needs (Debian).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+fuzz_seconds=${NM_FUZZ_SECONDS:-60}
+
+# Debian packages the build and the tests use: the compilers, CMake, numpy for
+# the independent reference (tests/ref), the Unicode database for the
+# tokenizer's table check, and clang's runtime for libFuzzer.
+packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing: ${missing[*]}"
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+fi
+
+echo "== release build (-Werror)"
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON
+cmake --build build/release -j "$jobs"
+ctest --test-dir build/release --output-on-failure -j "$jobs"
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_SANITIZE=ON
+cmake --build build/asan -j "$jobs"
+ctest --test-dir build/asan --output-on-failure -j "$jobs"
+
+echo "== libFuzzer (${fuzz_seconds}s per target)"
+CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON \
+    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON
+cmake --build build/fuzz -j "$jobs"
+ctest --test-dir build/fuzz --output-on-failure -L fuzz
