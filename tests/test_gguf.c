@@ -65,12 +65,14 @@ static size_t after_name(const uint8_t *bytes, size_t n, const char *name) {
 }
 
 static void poke(uint8_t *bytes, size_t at, uint64_t v, size_t n_bytes) {
-    for (size_t i = 0; i < n_bytes; i++) bytes[at + i] = (uint8_t)(v >> (8 * i));
+    for (size_t i = 0; i < n_bytes; i++)
+        bytes[at + i] = (uint8_t)(v >> (8 * i));
 }
 
 static uint64_t peek(const uint8_t *bytes, size_t at, size_t n_bytes) {
     uint64_t v = 0;
-    for (size_t i = 0; i < n_bytes; i++) v |= (uint64_t)bytes[at + i] << (8 * i);
+    for (size_t i = 0; i < n_bytes; i++)
+        v |= (uint64_t)bytes[at + i] << (8 * i);
     return v;
 }
 
@@ -218,8 +220,7 @@ static void test_roundtrip_values(void) {
     const uint8_t bad_bools[] = {0, 2};
     CHECK_INT_EQ(nm_gguf_writer_set_arr(w, "bad.bool", NM_GGUF_BOOL, bad_bools, 2),
                  NM_ERR_INVALID_ARG);
-    CHECK_INT_EQ(nm_gguf_writer_set_arr(w, "bad.str", NM_GGUF_STRING, strs, 3),
-                 NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_gguf_writer_set_arr(w, "bad.str", NM_GGUF_STRING, strs, 3), NM_ERR_INVALID_ARG);
 
     size_t n;
     uint8_t *bytes = to_memory(w, &n);
@@ -310,14 +311,17 @@ static void test_roundtrip_values(void) {
     const nm_gguf_value *arr;
     CHECK_INT_EQ(nm_gguf_get_arr(g, "a.i32", NM_GGUF_INT32, &arr, &err), NM_OK);
     CHECK_INT_EQ(arr->v.arr.n, 4);
-    for (int i = 0; i < 4; i++) CHECK_INT_EQ(nm_gguf_arr_i64(arr, (uint64_t)i), a_i32[i]);
+    for (int i = 0; i < 4; i++)
+        CHECK_INT_EQ(nm_gguf_arr_i64(arr, (uint64_t)i), a_i32[i]);
     CHECK_INT_EQ(nm_gguf_get_arr(g, "a.i32", NM_GGUF_UINT32, &arr, &err), NM_ERR_FORMAT);
     CHECK(strstr(err.msg, "array of i32") != NULL);
     CHECK_INT_EQ(nm_gguf_get_arr(g, "s.u32", NM_GGUF_TYPE_COUNT, &arr, &err), NM_ERR_FORMAT);
     CHECK_INT_EQ(nm_gguf_get_arr(g, "a.u8", NM_GGUF_TYPE_COUNT, &arr, &err), NM_OK);
-    for (int i = 0; i < 3; i++) CHECK_INT_EQ(nm_gguf_arr_i64(arr, (uint64_t)i), a_u8[i]);
+    for (int i = 0; i < 3; i++)
+        CHECK_INT_EQ(nm_gguf_arr_i64(arr, (uint64_t)i), a_u8[i]);
     CHECK_INT_EQ(nm_gguf_get_arr(g, "a.i8", NM_GGUF_INT8, &arr, &err), NM_OK);
-    for (int i = 0; i < 3; i++) CHECK_INT_EQ(nm_gguf_arr_i64(arr, (uint64_t)i), a_i8[i]);
+    for (int i = 0; i < 3; i++)
+        CHECK_INT_EQ(nm_gguf_arr_i64(arr, (uint64_t)i), a_i8[i]);
     CHECK_INT_EQ(nm_gguf_get_arr(g, "a.u16", NM_GGUF_UINT16, &arr, &err), NM_OK);
     CHECK_INT_EQ(nm_gguf_arr_i64(arr, 1), 65535);
     CHECK_INT_EQ(nm_gguf_get_arr(g, "a.i16", NM_GGUF_INT16, &arr, &err), NM_OK);
@@ -415,10 +419,11 @@ static nm_gguf_writer *tensor_writer(uint32_t alignment) {
     for (size_t t = 0; t < N_TENSOR_CASES; t++) {
         const tensor_case *c = &tensor_cases[t];
         uint8_t data[512]; /* [n_bytes] */
-        for (size_t i = 0; i < c->n_bytes; i++) data[i] = pattern_byte(t, i);
-        CHECK_INT_EQ(nm_gguf_writer_add_tensor(w, c->name, c->type, c->n_dims, c->ne, data,
-                                               c->n_bytes),
-                     NM_OK);
+        for (size_t i = 0; i < c->n_bytes; i++)
+            data[i] = pattern_byte(t, i);
+        CHECK_INT_EQ(
+            nm_gguf_writer_add_tensor(w, c->name, c->type, c->n_dims, c->ne, data, c->n_bytes),
+            NM_OK);
     }
     return w;
 }
@@ -435,7 +440,8 @@ static void check_tensors(const nm_gguf *g, const uint8_t *base, uint64_t alignm
         CHECK(nm_gguf_find_tensor(g, c->name) == x);
         CHECK_INT_EQ(x->type, c->type);
         CHECK_INT_EQ(x->n_dims, c->n_dims);
-        for (int d = 0; d < 4; d++) CHECK_INT_EQ(x->ne[d], c->ne[d]);
+        for (int d = 0; d < 4; d++)
+            CHECK_INT_EQ(x->ne[d], c->ne[d]);
         CHECK_INT_EQ(x->n_bytes, c->n_bytes);
         CHECK_INT_EQ(x->offset % alignment, 0);
         int same = 1;
@@ -453,7 +459,8 @@ static void check_tensors(const nm_gguf *g, const uint8_t *base, uint64_t alignm
         size_t end = at + (size_t)x->n_bytes;
         size_t padded = (end + alignment - 1) / alignment * alignment;
         int zero = 1;
-        for (size_t i = end; i < padded; i++) zero &= base[i] == 0;
+        for (size_t i = end; i < padded; i++)
+            zero &= base[i] == 0;
         CHECK(zero);
         CHECK(padded <= nm_gguf_file_bytes(g));
     }
@@ -619,10 +626,14 @@ static void test_real_files(void) {
     }
 
     /* Every other file in the vectors opens, quantized types included. */
-    const char *others[] = {"llama2-vocab.gguf",          "mistral-vocab.gguf",
-                            "tiny-mixtral/model.gguf",    "tiny-olmoe/model.gguf",
-                            "tiny-phimoe/model.gguf",     "tiny-qwen3moe-q-Q4_0/model.gguf",
-                            "tiny-qwen3moe-q-Q4_K_M/model.gguf", "tiny-qwen3moe-q-Q6_K/model.gguf",
+    const char *others[] = {"llama2-vocab.gguf",
+                            "mistral-vocab.gguf",
+                            "tiny-mixtral/model.gguf",
+                            "tiny-olmoe/model.gguf",
+                            "tiny-phimoe/model.gguf",
+                            "tiny-qwen3moe-q-Q4_0/model.gguf",
+                            "tiny-qwen3moe-q-Q4_K_M/model.gguf",
+                            "tiny-qwen3moe-q-Q6_K/model.gguf",
                             "tiny-qwen3moe-q-Q8_0/model.gguf"};
     int seen_q4_k = 0;
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
@@ -654,7 +665,7 @@ static nm_status build_small(nm_gguf_writer **out) {
         {.type = NM_GGUF_ARRAY, .v.arr = {NM_GGUF_INT32, 1, in1}},
     };
     const nm_gguf_value nest = {.type = NM_GGUF_ARRAY, .v.arr = {NM_GGUF_ARRAY, 2, inner}};
-    float first[16] = {0}; /* [2][8] */
+    float first[16] = {0};    /* [2][8] */
     uint8_t second[68] = {0}; /* [2] rows of one q8_0 block */
     uint16_t third[16] = {0}; /* [16] f16 */
     const int64_t ne_first[] = {8, 2}, ne_second[] = {32, 2}, ne_third[] = {16};
@@ -687,10 +698,18 @@ static uint8_t *small_file(size_t *n) {
 }
 
 /* Field positions in the small file. */
-static size_t kv_type_at(const uint8_t *f, size_t n, const char *key) { return after_name(f, n, key); }
-static size_t kv_value_at(const uint8_t *f, size_t n, const char *key) { return after_name(f, n, key) + 4; }
-static size_t str_len_at(const uint8_t *f, size_t n, const char *s) { return find_bytes(f, n, s) - 8; }
-static size_t tensor_ndims_at(const uint8_t *f, size_t n, const char *name) { return after_name(f, n, name); }
+static size_t kv_type_at(const uint8_t *f, size_t n, const char *key) {
+    return after_name(f, n, key);
+}
+static size_t kv_value_at(const uint8_t *f, size_t n, const char *key) {
+    return after_name(f, n, key) + 4;
+}
+static size_t str_len_at(const uint8_t *f, size_t n, const char *s) {
+    return find_bytes(f, n, s) - 8;
+}
+static size_t tensor_ndims_at(const uint8_t *f, size_t n, const char *name) {
+    return after_name(f, n, name);
+}
 static size_t tensor_ne_at(const uint8_t *f, size_t n, const char *name, int d) {
     return after_name(f, n, name) + 4 + 8 * (size_t)d;
 }
@@ -730,8 +749,8 @@ static void test_malformed(void) {
     patched("kv count lie", f, n, 16, 1000000000000ull, 8, NM_ERR_FORMAT,
             "claims 1000000000000 key-value pairs");
     patched("tensor count lie", f, n, 8, 1ull << 40, 8, NM_ERR_FORMAT, "1099511627776 tensors");
-    patched("key length past end", f, n, str_len_at(f, n, "a.count"), 1ull << 40, 8,
-            NM_ERR_FORMAT, "kv 2: key length 1099511627776");
+    patched("key length past end", f, n, str_len_at(f, n, "a.count"), 1ull << 40, 8, NM_ERR_FORMAT,
+            "kv 2: key length 1099511627776");
     patched("empty key", f, n, str_len_at(f, n, "a.count"), 0, 8, NM_ERR_FORMAT,
             "kv 2: key is empty");
     patched("unknown value type", f, n, kv_type_at(f, n, "a.count"), 13, 4, NM_ERR_FORMAT,
@@ -740,12 +759,12 @@ static void test_malformed(void) {
             "kv 4 'a.text': string length");
     patched("array count overflow", f, n, kv_value_at(f, n, "a.nums") + 4, 1ull << 62, 8,
             NM_ERR_FORMAT, "kv 6 'a.nums': array of 4611686018427387904 i32 elements");
-    patched("array count wraps size", f, n, kv_value_at(f, n, "a.nums") + 4, UINT64_MAX / 2 + 2,
-            8, NM_ERR_FORMAT, "cannot fit");
+    patched("array count wraps size", f, n, kv_value_at(f, n, "a.nums") + 4, UINT64_MAX / 2 + 2, 8,
+            NM_ERR_FORMAT, "cannot fit");
     patched("array element type", f, n, kv_value_at(f, n, "a.nums"), 99, 4, NM_ERR_FORMAT,
             "array of unknown element type 99");
-    patched("string element past end", f, n, str_len_at(f, n, "yy"), 1ull << 33, 8,
-            NM_ERR_FORMAT, "kv 5 'a.list': element 1: string length 8589934592");
+    patched("string element past end", f, n, str_len_at(f, n, "yy"), 1ull << 33, 8, NM_ERR_FORMAT,
+            "kv 5 'a.list': element 1: string length 8589934592");
     patched("string array count lie", f, n, kv_value_at(f, n, "a.list") + 4, 1ull << 40, 8,
             NM_ERR_FORMAT, "str elements");
     /* a.nest: ARRAY, then inner 0 = (i32, 2, ...): its count sits 12 bytes in. */
@@ -783,8 +802,8 @@ static void test_malformed(void) {
                     "tensor 't.first': size in bytes overflows");
         free(c);
     }
-    patched("ne[0] not whole blocks", f, n, tensor_ne_at(f, n, "t.second", 0), 48, 8,
-            NM_ERR_FORMAT, "tensor 't.second': ne[0] = 48 is not a multiple of the q8_0 block size 32");
+    patched("ne[0] not whole blocks", f, n, tensor_ne_at(f, n, "t.second", 0), 48, 8, NM_ERR_FORMAT,
+            "tensor 't.second': ne[0] = 48 is not a multiple of the q8_0 block size 32");
     patched("unknown type id", f, n, tensor_type_at(f, n, "t.first"), 99, 4, NM_ERR_FORMAT,
             "tensor 't.first': type id 99 is not a ggml type");
     patched("removed type id", f, n, tensor_type_at(f, n, "t.first"), 4, 4, NM_ERR_UNSUPPORTED,
@@ -798,8 +817,8 @@ static void test_malformed(void) {
              "tensor 't.third': data [offset %llu, 32 bytes] runs past the end of the file (%zu "
              "bytes)",
              (unsigned long long)off3 + 1024, n);
-    patched("data past end", f, n, tensor_offset_at(f, n, "t.third"), off3 + 1024, 8,
-            NM_ERR_FORMAT, want);
+    patched("data past end", f, n, tensor_offset_at(f, n, "t.third"), off3 + 1024, 8, NM_ERR_FORMAT,
+            want);
     patched("data offset huge", f, n, tensor_offset_at(f, n, "t.third"), UINT64_MAX - 31, 8,
             NM_ERR_FORMAT, "runs past the end of the file");
     expect_fail("truncated data", f, n - 1, NM_ERR_FORMAT,
@@ -808,8 +827,8 @@ static void test_malformed(void) {
             "tensors 't.first' [offset 0, 64 bytes] and 't.second' [offset 32, 68 bytes] overlap");
     patched("empty tensor name", f, n, str_len_at(f, n, "t.first"), 0, 8, NM_ERR_FORMAT,
             "tensor 0: name is empty");
-    patched("tensor name past end", f, n, str_len_at(f, n, "t.first"), 1ull << 45, 8,
-            NM_ERR_FORMAT, "tensor 0: name length");
+    patched("tensor name past end", f, n, str_len_at(f, n, "t.first"), 1ull << 45, 8, NM_ERR_FORMAT,
+            "tensor 0: name length");
 
     /* Nesting: 8 levels read, 9 are refused (the writer cannot make 9). */
     for (int levels = 8; levels <= 9; levels++) {
@@ -839,7 +858,8 @@ static void test_malformed(void) {
         out_str(&o, "k\x01\xff");
         out_le(&o, 200, 4);
         out_le(&o, 0, 1);
-        expect_fail("escaped key", o.b, o.n, NM_ERR_FORMAT, "kv 0 'k\\x01\\xff': unknown value type 200");
+        expect_fail("escaped key", o.b, o.n, NM_ERR_FORMAT,
+                    "kv 0 'k\\x01\\xff': unknown value type 200");
     }
     nm_free(base);
 }
@@ -851,7 +871,8 @@ static void test_malformed(void) {
 static uint64_t walk_value(const nm_gguf_value *v) {
     uint64_t sum = (uint64_t)v->type;
     if (v->type == NM_GGUF_STRING) {
-        for (uint64_t i = 0; i < v->v.str.len; i++) sum += (uint8_t)v->v.str.ptr[i];
+        for (uint64_t i = 0; i < v->v.str.len; i++)
+            sum += (uint8_t)v->v.str.ptr[i];
     } else if (v->type == NM_GGUF_ARRAY) {
         for (uint64_t i = 0; i < v->v.arr.n; i++) {
             if (v->v.arr.type == NM_GGUF_STRING) {
@@ -915,7 +936,8 @@ static void test_corruption(void) {
     for (int iter = 0; iter < 20000; iter++) {
         uint8_t *c = dup_bytes(f, n);
         int flips = 1 + (int)(xorshift(&seed) % 4);
-        for (int k = 0; k < flips; k++) c[xorshift(&seed) % n] ^= (uint8_t)(1 + xorshift(&seed) % 255);
+        for (int k = 0; k < flips; k++)
+            c[xorshift(&seed) % n] ^= (uint8_t)(1 + xorshift(&seed) % 255);
         nm_gguf *g = NULL;
         nm_error err = {0};
         nm_status st = nm_gguf_open_memory(c, n, &g, &err);

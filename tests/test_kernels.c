@@ -163,14 +163,16 @@ static void test_attention(void) {
 typedef struct pool_ctx {
     atomic_int hits[1000];
     atomic_int threads_seen;
+    double work[1000];
 } pool_ctx;
 
 static void pool_task(void *p, int i, int thread) {
     pool_ctx *c = p;
     atomic_fetch_add(&c->hits[i], 1);
     atomic_fetch_or(&c->threads_seen, 1 << thread);
-    volatile double sink = 0; /* uneven work */
+    double sink = 0; /* uneven work */
     for (int j = 0; j < (i % 7) * 1000; j++) sink += j;
+    c->work[i] = sink;
 }
 
 static void test_pool(void) {
@@ -185,6 +187,8 @@ static void test_pool(void) {
         for (int i = 0; i < 1000; i++) bad += atomic_load(&c.hits[i]) != 1;
         CHECK_INT_EQ(bad, 0);
     }
+    CHECK(c.work[6] == 5999.0 * 6000.0 / 2.0);
+    CHECK(atomic_load(&c.threads_seen) & 1); /* the caller works too */
     nm_pool_free(pool);
     CHECK_INT_EQ(nm_pool_new(0, &pool, &err), NM_ERR_INVALID_ARG);
 }

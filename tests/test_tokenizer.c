@@ -20,19 +20,26 @@ static void print_text(const char *label, const char *s, size_t n) {
     fprintf(stderr, "  %s \"", label);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '\n') fputs("\\n", stderr);
-        else if (c == '\t') fputs("\\t", stderr);
-        else if (c == '\r') fputs("\\r", stderr);
-        else if (c == '"' || c == '\\') fprintf(stderr, "\\%c", c);
-        else if (c < 0x20 || c == 0x7F) fprintf(stderr, "\\x%02X", c);
-        else fputc(c, stderr);
+        if (c == '\n')
+            fputs("\\n", stderr);
+        else if (c == '\t')
+            fputs("\\t", stderr);
+        else if (c == '\r')
+            fputs("\\r", stderr);
+        else if (c == '"' || c == '\\')
+            fprintf(stderr, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F)
+            fprintf(stderr, "\\x%02X", c);
+        else
+            fputc(c, stderr);
     }
     fputs("\"\n", stderr);
 }
 
 static void print_ids(const char *label, const int32_t *ids, size_t n) {
     fprintf(stderr, "  %s [%zu]:", label, n);
-    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, " %d", ids[i]);
     fputc('\n', stderr);
 }
 
@@ -50,8 +57,7 @@ static long encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_bo
 }
 
 /* Concatenated pieces (render_special on); returns the length. */
-static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out,
-                     size_t cap) {
+static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap) {
     size_t len = 0;
     for (size_t i = 0; i < n; i++) {
         int32_t k = nm_tokenizer_piece(tok, ids[i], true, len < cap ? out + len : NULL,
@@ -83,8 +89,10 @@ static int hex4(const char *p) {
     int v = 0;
     for (int i = 0; i < 4; i++) {
         char c = p[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -92,18 +100,25 @@ static int hex4(const char *p) {
 }
 
 static size_t put_utf8(char *out, unsigned cp) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
     if (cp < 0x800) {
-        out[0] = (char)(0xC0 | cp >> 6); out[1] = (char)(0x80 | (cp & 0x3F));
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
         return 2;
     }
     if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | cp >> 12); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[0] = (char)(0xE0 | cp >> 12);
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
         out[2] = (char)(0x80 | (cp & 0x3F));
         return 3;
     }
-    out[0] = (char)(0xF0 | cp >> 18); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F));
+    out[0] = (char)(0xF0 | cp >> 18);
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
 }
 
@@ -115,17 +130,36 @@ static long parse_json_string(const char **p, char *out) {
     size_t n = 0;
     while (*s != '"') {
         if (*s == '\0' || *s == '\n') return -1;
-        if (*s != '\\') { out[n++] = *s++; continue; }
+        if (*s != '\\') {
+            out[n++] = *s++;
+            continue;
+        }
         s++;
         switch (*s++) {
-        case '"': out[n++] = '"'; break;
-        case '\\': out[n++] = '\\'; break;
-        case '/': out[n++] = '/'; break;
-        case 'b': out[n++] = '\b'; break;
-        case 'f': out[n++] = '\f'; break;
-        case 'n': out[n++] = '\n'; break;
-        case 'r': out[n++] = '\r'; break;
-        case 't': out[n++] = '\t'; break;
+        case '"':
+            out[n++] = '"';
+            break;
+        case '\\':
+            out[n++] = '\\';
+            break;
+        case '/':
+            out[n++] = '/';
+            break;
+        case 'b':
+            out[n++] = '\b';
+            break;
+        case 'f':
+            out[n++] = '\f';
+            break;
+        case 'n':
+            out[n++] = '\n';
+            break;
+        case 'r':
+            out[n++] = '\r';
+            break;
+        case 't':
+            out[n++] = '\t';
+            break;
         case 'u': {
             int hi = hex4(s);
             if (hi < 0) return -1;
@@ -140,7 +174,8 @@ static long parse_json_string(const char **p, char *out) {
             n += put_utf8(out + n, cp);
             break;
         }
-        default: return -1;
+        default:
+            return -1;
         }
     }
     *p = s + 1;
@@ -169,13 +204,14 @@ static int check_golden_file(const nm_tokenizer *tok, const char *tsv_path) {
         size_t n_want = 0;
         for (q++; *q;) {
             char *end;
-            want[n_want++] = (int32_t)strtol(q, &end, 10);
+            long id = strtol(q, &end, 10);
+            if (end == q) break; /* not a number: the count check below fails */
+            want[n_want++] = (int32_t)id;
             q = *end == ' ' ? end + 1 : end;
-            if (end == q && *q) break;
         }
         /* llama-tokenize: special parsing on, BOS as the file says */
-        long n_got = encode(tok, text, (size_t)n_text, nm_tokenizer_add_bos(tok), true, got,
-                            n_file + 1);
+        long n_got =
+            encode(tok, text, (size_t)n_text, nm_tokenizer_add_bos(tok), true, got, n_file + 1);
         nm_test_checks++;
         if (n_got != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
             nm_test_failures++;
@@ -239,7 +275,8 @@ static void check_qwen3_rules(const nm_tokenizer *tok) {
     /* end of generation, as llama.cpp lists them for Qwen3: eos, the two
      * end texts, </s> (re-typed), and the FIM pad/repo/file-separator */
     const int32_t eog[] = {151643, 151645, 128247, 151662, 151663, 151664};
-    for (size_t i = 0; i < sizeof eog / sizeof eog[0]; i++) CHECK(nm_tokenizer_is_eog(tok, eog[i]));
+    for (size_t i = 0; i < sizeof eog / sizeof eog[0]; i++)
+        CHECK(nm_tokenizer_is_eog(tok, eog[i]));
     CHECK(!nm_tokenizer_is_eog(tok, 151644)); /* <|im_start|> */
     CHECK(!nm_tokenizer_is_eog(tok, 151667)); /* <think> */
     CHECK(!nm_tokenizer_is_eog(tok, 0));
@@ -297,7 +334,8 @@ static void check_count_then_fill(const nm_tokenizer *tok) {
     CHECK_INT_EQ(st, NM_ERR_CAPACITY);
     CHECK_INT_EQ(n_out, n);
     CHECK(strstr(err.msg, "needs") != NULL);
-    for (int i = 0; i < 64; i++) part[i] = -7;
+    for (int i = 0; i < 64; i++)
+        part[i] = -7;
     st = nm_tokenizer_encode(tok, s, strlen(s), false, true, part, (size_t)n - 1, &n_out, &err);
     CHECK_INT_EQ(st, NM_ERR_CAPACITY);
     CHECK_INT_EQ(n_out, n);
@@ -319,16 +357,16 @@ static void check_invalid_utf8(const nm_tokenizer *tok) {
     } cases[] = {
         {"ab\x80", 3, 2, "stray continuation"},
         {"\xBF", 1, 0, "stray continuation"},
-        {"x\xC0\xAF", 3, 1, "overlong"},          /* '/' in two bytes */
+        {"x\xC0\xAF", 3, 1, "overlong"}, /* '/' in two bytes */
         {"\xC1\xBF", 2, 0, "overlong"},
-        {"\xE0\x80\xAF", 3, 0, "overlong"},       /* '/' in three bytes */
-        {"\xF0\x82\x82\xAC", 4, 0, "overlong"},   /* U+20AC in four bytes */
-        {"ok\xED\xA0\x80", 5, 2, "surrogate"},    /* U+D800 */
-        {"\xED\xBF\xBF", 3, 0, "surrogate"},      /* U+DFFF */
+        {"\xE0\x80\xAF", 3, 0, "overlong"},     /* '/' in three bytes */
+        {"\xF0\x82\x82\xAC", 4, 0, "overlong"}, /* U+20AC in four bytes */
+        {"ok\xED\xA0\x80", 5, 2, "surrogate"},  /* U+D800 */
+        {"\xED\xBF\xBF", 3, 0, "surrogate"},    /* U+DFFF */
         {"\xF4\x90\x80\x80", 4, 0, "above U+10FFFF"},
         {"\xF5\x80\x80\x80", 4, 0, "U+10FFFF"},
         {"\xFF", 1, 0, "U+10FFFF"},
-        {"abc\xE2\x82", 5, 3, "truncated"},       /* cut euro sign */
+        {"abc\xE2\x82", 5, 3, "truncated"}, /* cut euro sign */
         {"\xF0\x9F\x98", 3, 0, "truncated"},
         {"\xC3", 1, 0, "truncated"},
         {"\xC3(", 2, 0, "missing continuation"},
@@ -388,8 +426,7 @@ static void check_split(nm_pretok_kind kind, const char *s, const char *const *w
             uint8_t u[4];
             len += (size_t)nm_utf8_encode(cpts[i], u);
         }
-        if (!want[w] || strlen(want[w]) != len || memcmp(want[w], s + byte, len) != 0)
-            same = false;
+        if (!want[w] || strlen(want[w]) != len || memcmp(want[w], s + byte, len) != 0) same = false;
         n_got += (size_t)snprintf(got + n_got, sizeof got - n_got, "[%.*s]", (int)len, s + byte);
         byte += len;
         cp = end;
@@ -399,7 +436,8 @@ static void check_split(nm_pretok_kind kind, const char *s, const char *const *w
     if (!same) {
         nm_test_failures++;
         fprintf(stderr, "split (kind %d) of \"%s\" gave %s; want", (int)kind, s, got);
-        for (size_t i = 0; want[i]; i++) fprintf(stderr, " [%s]", want[i]);
+        for (size_t i = 0; want[i]; i++)
+            fprintf(stderr, " [%s]", want[i]);
         fputc('\n', stderr);
     }
 }
@@ -427,8 +465,16 @@ static void check_splitter(void) {
     check_split(Q2, "a  1", WORDS("a", " ", " ", "1"));
     /* U+3000 (ideographic space) is whitespace; U+200B (zero width space)
      * is a format control, so it leads the next letter run */
-    check_split(Q2, "a\xE3\x80\x80" "b", WORDS("a", "\xE3\x80\x80" "b"));
-    check_split(Q2, "a\xE2\x80\x8B" "b", WORDS("a", "\xE2\x80\x8B" "b"));
+    check_split(Q2,
+                "a\xE3\x80\x80"
+                "b",
+                WORDS("a", "\xE3\x80\x80"
+                           "b"));
+    check_split(Q2,
+                "a\xE2\x80\x8B"
+                "b",
+                WORDS("a", "\xE2\x80\x8B"
+                           "b"));
     /* combining marks: qwen2 cuts before them, qwen35 keeps them in the word */
     check_split(Q2, "e\xCC\x81x y", WORDS("e", "\xCC\x81x", " y"));
     check_split(Q35, "e\xCC\x81x y", WORDS("e\xCC\x81x", " y"));
@@ -439,25 +485,26 @@ static void check_splitter(void) {
 /* ---- hand-made vocabularies ---------------------------------------------------------------- */
 
 typedef struct vocab_spec {
-    const char *model, *pre;        /* NULL = key absent */
-    const char *const *tokens;      /* NULL-terminated */
-    const char *const *merges;      /* NULL-terminated; NULL = key absent */
-    const int32_t *types;           /* NULL = key absent */
+    const char *model, *pre;   /* NULL = key absent */
+    const char *const *tokens; /* NULL-terminated */
+    const char *const *merges; /* NULL-terminated; NULL = key absent */
+    const int32_t *types;      /* NULL = key absent */
     uint64_t n_types;
-    int64_t bos;                    /* < 0 = key absent */
-    int add_bos;                    /* -1 = key absent */
+    int64_t bos; /* < 0 = key absent */
+    int add_bos; /* -1 = key absent */
     const char *name;
 } vocab_spec;
 
 static size_t count(const char *const *list) {
     size_t n = 0;
-    while (list[n]) n++;
+    while (list[n])
+        n++;
     return n;
 }
 
 /* Writes the spec as a GGUF in memory and loads it. *mem is the file. */
-static nm_status load_spec(const vocab_spec *v, nm_gguf **gguf, uint8_t **mem,
-                           nm_tokenizer **tok, nm_error *err) {
+static nm_status load_spec(const vocab_spec *v, nm_gguf **gguf, uint8_t **mem, nm_tokenizer **tok,
+                           nm_error *err) {
     *gguf = NULL;
     *mem = NULL;
     *tok = NULL;
@@ -470,8 +517,7 @@ static nm_status load_spec(const vocab_spec *v, nm_gguf **gguf, uint8_t **mem,
     if (v->merges)
         nm_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", v->merges, count(v->merges));
     if (v->types)
-        nm_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", NM_GGUF_INT32, v->types,
-                               v->n_types);
+        nm_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", NM_GGUF_INT32, v->types, v->n_types);
     if (v->bos >= 0) nm_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
     if (v->add_bos >= 0) nm_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos);
     size_t n_mem = 0;
@@ -489,8 +535,20 @@ static void unload(nm_gguf *gguf, uint8_t *mem, nm_tokenizer *tok) {
 }
 
 /* "Ġ" is the alphabet's space (U+0120). */
-static const char *const small_tokens[] = {"a", "b", "c", "\xC4\xA0", "ab", "bc", "aa",
-                                           "\xC4\xA0" "a", "<|x|>", "<u>", "</s>", "ca", NULL};
+static const char *const small_tokens[] = {"a",
+                                           "b",
+                                           "c",
+                                           "\xC4\xA0",
+                                           "ab",
+                                           "bc",
+                                           "aa",
+                                           "\xC4\xA0"
+                                           "a",
+                                           "<|x|>",
+                                           "<u>",
+                                           "</s>",
+                                           "ca",
+                                           NULL};
 
 static void check_hostile(const char *what, vocab_spec v, nm_status want, const char *needle) {
     nm_gguf *gguf;
@@ -501,8 +559,8 @@ static void check_hostile(const char *what, vocab_spec v, nm_status want, const 
     nm_test_checks++;
     if (st != want || !strstr(err.msg, needle)) {
         nm_test_failures++;
-        fprintf(stderr, "%s: want %s with '%s', got %s: '%s'\n", what, nm_status_str(want),
-                needle, nm_status_str(st), err.msg);
+        fprintf(stderr, "%s: want %s with '%s', got %s: '%s'\n", what, nm_status_str(want), needle,
+                nm_status_str(st), err.msg);
     }
     CHECK(tok == NULL);
     unload(gguf, mem, tok);
@@ -510,9 +568,12 @@ static void check_hostile(const char *what, vocab_spec v, nm_status want, const 
 
 static void check_small_vocabs(void) {
     const int32_t types[] = {1, 1, 1, 1, 1, 1, 1, 1, 3, 4, 1, 1};
-    const vocab_spec base = {"gpt2", "qwen2", small_tokens,
-                             (const char *const[]){"b c", "a b", "a a", "\xC4\xA0 a", NULL},
-                             types, 12, -1, -1, NULL};
+    const vocab_spec base = {
+        "gpt2",       "qwen2",
+        small_tokens, (const char *const[]){"b c", "a b", "a a", "\xC4\xA0 a", NULL},
+        types,        12,
+        -1,           -1,
+        NULL};
     nm_gguf *gguf;
     uint8_t *mem;
     nm_tokenizer *tok;
@@ -608,9 +669,9 @@ static void check_small_vocabs(void) {
 /* Every allocation of load and encode may fail: each failure is reported
  * as NM_ERR_NOMEM and nothing leaks (AddressSanitizer checks the latter). */
 static void check_allocation_failures(void) {
-    const vocab_spec base = {"gpt2", "qwen2", small_tokens,
-                             (const char *const[]){"b c", "a b", "a a", NULL},
-                             NULL, 0, -1, -1, NULL};
+    const vocab_spec base = {
+        "gpt2", "qwen2", small_tokens, (const char *const[]){"b c", "a b", "a a", NULL}, NULL, 0,
+        -1,     -1,      NULL};
     int n_nomem = 0;
     for (long k = 0; k < 200; k++) {
         nm_gguf *gguf;

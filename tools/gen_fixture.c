@@ -95,7 +95,8 @@ static void print_help(FILE *f) {
 static int parse_args(int argc, char **argv, config *c, bool seen[N_OPTIONS]) {
     for (int i = 1; i < argc; i++) {
         size_t k = 0;
-        while (k < N_OPTIONS && strcmp(argv[i], options[k].name) != 0) k++;
+        while (k < N_OPTIONS && strcmp(argv[i], options[k].name) != 0)
+            k++;
         if (k == N_OPTIONS) {
             fprintf(stderr, PROG ": unknown option '%s' (see --help)\n", argv[i]);
             return 1;
@@ -161,9 +162,12 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
         }
         return 0;
     }
-    if (strcmp(c->type_name, "f32") == 0) *type = NM_DTYPE_F32;
-    else if (strcmp(c->type_name, "f16") == 0) *type = NM_DTYPE_F16;
-    else if (strcmp(c->type_name, "bf16") == 0) *type = NM_DTYPE_BF16;
+    if (strcmp(c->type_name, "f32") == 0)
+        *type = NM_DTYPE_F32;
+    else if (strcmp(c->type_name, "f16") == 0)
+        *type = NM_DTYPE_F16;
+    else if (strcmp(c->type_name, "bf16") == 0)
+        *type = NM_DTYPE_BF16;
     else {
         fprintf(stderr, PROG ": --type '%s' is not one of f32, f16, bf16\n", c->type_name);
         return 1;
@@ -257,28 +261,35 @@ static double rng_normal(rng *r) {
  * so its values do not depend on what else the model holds. */
 static void rng_for(rng *r, uint64_t seed, const char *name) {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
     uint64_t x = seed ^ h;
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
 }
 
 /* ---- the model -------------------------------------------------------------- */
 
 typedef enum init_kind {
-    INIT_MATRIX,      /* N(0, (0.8/sqrt(fan_in))^2), fan_in = ne[0] */
-    INIT_NORM,        /* 1 + 0.1 N(0, 1) */
-    INIT_OUTPUT,      /* N(0, (2/sqrt(d))^2): logits of std about 2 */
-    INIT_EMBEDDING,   /* INIT_MATRIX + EMBD_SHARED * u on every row */
-    INIT_ROUTER,      /* N(0, 1/d) + b_e u on row e */
+    INIT_MATRIX,    /* N(0, (0.8/sqrt(fan_in))^2), fan_in = ne[0] */
+    INIT_NORM,      /* 1 + 0.1 N(0, 1) */
+    INIT_OUTPUT,    /* N(0, (2/sqrt(d))^2): logits of std about 2 */
+    INIT_EMBEDDING, /* N(0, 1) + c u on every row, c = EMBD_SHARED sqrt(d) */
+    INIT_ROUTER,    /* N(0, 1/d) + b_e u on row e */
 } init_kind;
 
-/* Every token embedding carries EMBD_SHARED * u, as large as its random part
- * (norm 0.8), so after RMSNorm the hidden state's projection on u is about
- * X0 = sqrt(d) * 0.8 / sqrt(0.8^2 + 0.8^2) = sqrt(d/2). A router row with
- * b_e u then adds b_e * X0 to expert e's logit, next to a N(0, 1) part. */
-#define EMBD_SHARED 0.4
-/* Expert e of popularity rank r gets the logit bias -ZIPF_S * ln(1 + r): a
- * log-Zipf profile, so the rank-0 expert wins most top-k contests. */
+/* Token embeddings are a lookup (one input), so N(0, 1) per element, norm
+ * about sqrt(d); large next to the attention and expert outputs, so the
+ * residual stream stays mostly token-specific, as in trained models. Each
+ * also carries c u, c = EMBD_SHARED sqrt(d); after RMSNorm the hidden state's
+ * projection on u is about x0 = sqrt(d) c / sqrt(c^2 + d). A router row with
+ * b_e u thus adds b_e x0 to expert e's logit, next to a per-token N(0, 1)
+ * part from its random row. (These settings reproduce the statistics of the
+ * tiny-qwen3moe golden model in shared/vectors.) */
+#define EMBD_SHARED 0.5
+/* Expert e of popularity rank r gets the logit bias -ZIPF_S ln(1 + r), less
+ * its mean over the experts: a log-Zipf profile, so the first few ranks win
+ * most top-k contests and the last ones few. */
 #define ZIPF_S 1.0
 
 typedef struct gen {
@@ -294,16 +305,19 @@ static nm_status fill(const gen *g, const char *name, init_kind kind, int layer,
     rng r;
     rng_for(&r, (uint64_t)g->c->seed, name);
     int64_t d = g->c->d_model, n = ne[0] * ne[1] * ne[2] * ne[3];
-    double std = kind == INIT_OUTPUT   ? 2.0 / sqrt((double)d)
-                 : kind == INIT_ROUTER ? 1.0 / sqrt((double)d)
-                                       : 0.8 / sqrt((double)ne[0]);
+    double std = kind == INIT_OUTPUT      ? 2.0 / sqrt((double)d)
+                 : kind == INIT_ROUTER    ? 1.0 / sqrt((double)d)
+                 : kind == INIT_EMBEDDING ? 1.0
+                                          : 0.8 / sqrt((double)ne[0]);
     for (int64_t i = 0; i < n; i++) {
         double z = rng_normal(&r);
         x[i] = (float)(kind == INIT_NORM ? 1.0 + 0.1 * z : std * z);
     }
     if (kind == INIT_EMBEDDING) {
+        double c = EMBD_SHARED * sqrt((double)d);
         for (int64_t row = 0; row < ne[1]; row++) {
-            for (int64_t j = 0; j < d; j++) x[row * d + j] += (float)(EMBD_SHARED * g->u[j]);
+            for (int64_t j = 0; j < d; j++)
+                x[row * d + j] += (float)(c * g->u[j]);
         }
     }
     if (kind == INIT_ROUTER) {
@@ -315,17 +329,24 @@ static nm_status fill(const gen *g, const char *name, init_kind kind, int layer,
         int64_t n_expert = ne[1];
         int64_t *rank = nm_malloc((size_t)n_expert * sizeof *rank); /* [n_expert] */
         if (!rank) return NM_ERR_NOMEM;
-        for (int64_t e = 0; e < n_expert; e++) rank[e] = e;
+        for (int64_t e = 0; e < n_expert; e++)
+            rank[e] = e;
         for (int64_t e = n_expert - 1; e > 0; e--) {
             int64_t k = (int64_t)(rng_next(&r) % (uint64_t)(e + 1));
             int64_t t = rank[e];
             rank[e] = rank[k];
             rank[k] = t;
         }
-        double x0 = sqrt((double)d) * EMBD_SHARED / sqrt(EMBD_SHARED * EMBD_SHARED + 0.64);
+        double c = EMBD_SHARED * sqrt((double)d),
+               x0 = sqrt((double)d) * c / sqrt(c * c + (double)d);
+        double mean_bias = 0.0;
+        for (int64_t k = 0; k < n_expert; k++)
+            mean_bias += -ZIPF_S * det_log(1.0 + (double)k);
+        mean_bias /= (double)n_expert;
         for (int64_t e = 0; e < n_expert; e++) {
-            double b = -ZIPF_S * det_log(1.0 + (double)rank[e]) / x0;
-            for (int64_t j = 0; j < d; j++) x[e * d + j] += (float)(b * g->u[j]);
+            double b = (-ZIPF_S * det_log(1.0 + (double)rank[e]) - mean_bias) / x0;
+            for (int64_t j = 0; j < d; j++)
+                x[e * d + j] += (float)(b * g->u[j]);
         }
         nm_free(rank);
     }
@@ -339,8 +360,8 @@ static nm_status add_weight(gen *g, const char *name, uint32_t type, init_kind k
     size_t n = (size_t)(ne0 * ne1 * ne2), row_bytes;
     NM_ASSERT(nm_dtype_row_bytes(type, ne0, &row_bytes));
     size_t n_bytes = row_bytes * (n / (size_t)ne0);
-    float *x = nm_malloc(n * sizeof *x);        /* [ne2][ne1][ne0] */
-    uint8_t *bytes = nm_malloc(n_bytes);        /* the same in `type` */
+    float *x = nm_malloc(n * sizeof *x); /* [ne2][ne1][ne0] */
+    uint8_t *bytes = nm_malloc(n_bytes); /* the same in `type` */
     nm_status st = x && bytes ? fill(g, name, kind, layer, ne, x) : NM_ERR_NOMEM;
     if (st == NM_OK) {
         if (type == NM_DTYPE_F32) {
@@ -389,8 +410,8 @@ static nm_status add_tensors(gen *g) {
         for (size_t i = 0; i < sizeof parts / sizeof parts[0] && st == NM_OK; i++) {
             char name[96];
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[i].suffix);
-            st = add_weight(g, name, parts[i].type, parts[i].kind, l, parts[i].n_dims,
-                            parts[i].ne0, parts[i].ne1, parts[i].ne2);
+            st = add_weight(g, name, parts[i].type, parts[i].kind, l, parts[i].n_dims, parts[i].ne0,
+                            parts[i].ne1, parts[i].ne2);
         }
     }
     if (st == NM_OK) st = add_weight(g, "output_norm.weight", f32, INIT_NORM, 0, 1, d, 1, 1);
@@ -423,7 +444,9 @@ static nm_status copy_tokenizer(nm_gguf_writer *w, const nm_gguf *src, nm_error 
 static nm_gguf_value u32_value(int64_t v) {
     return (nm_gguf_value){.type = NM_GGUF_UINT32, .v.u64 = (uint64_t)v};
 }
-static nm_gguf_value f32_value(float v) { return (nm_gguf_value){.type = NM_GGUF_FLOAT32, .v.f64 = v}; }
+static nm_gguf_value f32_value(float v) {
+    return (nm_gguf_value){.type = NM_GGUF_FLOAT32, .v.f64 = v};
+}
 static nm_gguf_value str_value(const char *v) {
     return (nm_gguf_value){.type = NM_GGUF_STRING, .v.str = {v, strlen(v)}};
 }
@@ -477,9 +500,12 @@ static int make_model(const config *c, uint32_t type) {
     gen g = {.c = c, .type = type, .n_vocab = c->n_vocab};
     if (c->vocab_path) {
         const nm_gguf_value *tokens;
-        if (nm_gguf_open(c->vocab_path, &vocab, &err) != NM_OK ||
-            nm_gguf_get_arr(vocab, "tokenizer.ggml.tokens", NM_GGUF_STRING, &tokens, &err) !=
-                NM_OK) {
+        if (nm_gguf_open(c->vocab_path, &vocab, &err) != NM_OK) {
+            fprintf(stderr, PROG ": --vocab: %s\n", err.msg);
+            return 1;
+        }
+        if (nm_gguf_get_arr(vocab, "tokenizer.ggml.tokens", NM_GGUF_STRING, &tokens, &err) !=
+            NM_OK) {
             fprintf(stderr, PROG ": --vocab %s: %s\n", c->vocab_path, err.msg);
             nm_gguf_close(vocab);
             return 1;
@@ -507,7 +533,8 @@ static int make_model(const config *c, uint32_t type) {
             g.u[j] = rng_normal(&r);
             norm2 += g.u[j] * g.u[j];
         }
-        for (int64_t j = 0; j < c->d_model; j++) g.u[j] /= sqrt(norm2);
+        for (int64_t j = 0; j < c->d_model; j++)
+            g.u[j] /= sqrt(norm2);
         st = add_tensors(&g);
     }
     if (st == NM_OK) st = nm_gguf_writer_write_file(g.w, c->out_path, &err);
@@ -515,10 +542,9 @@ static int make_model(const config *c, uint32_t type) {
         fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : nm_status_str(st));
     } else {
         printf(PROG ": wrote %s: %lld layers, d %lld, %lld experts top %lld, n_vocab %lld, %s, "
-               "seed %lld\n",
+                    "seed %lld\n",
                c->out_path, (long long)c->n_layer, (long long)c->d_model, (long long)c->n_expert,
-               (long long)c->n_expert_used, (long long)g.n_vocab, c->type_name,
-               (long long)c->seed);
+               (long long)c->n_expert_used, (long long)g.n_vocab, c->type_name, (long long)c->seed);
     }
     nm_free(g.u);
     nm_gguf_writer_free(g.w);
@@ -532,8 +558,11 @@ static int extract_vocab(const config *c) {
     nm_error err = {0};
     nm_gguf *src = NULL;
     nm_gguf_str arch;
-    if (nm_gguf_open(c->extract_path, &src, &err) != NM_OK ||
-        nm_gguf_get_str(src, "general.architecture", &arch, &err) != NM_OK) {
+    if (nm_gguf_open(c->extract_path, &src, &err) != NM_OK) {
+        fprintf(stderr, PROG ": --extract-vocab: %s\n", err.msg);
+        return 1;
+    }
+    if (nm_gguf_get_str(src, "general.architecture", &arch, &err) != NM_OK) {
         fprintf(stderr, PROG ": --extract-vocab %s: %s\n", c->extract_path, err.msg);
         nm_gguf_close(src);
         return 1;
@@ -542,13 +571,15 @@ static int extract_vocab(const config *c) {
     nm_gguf_value arch_value = {.type = NM_GGUF_STRING, .v.str = arch};
     char name[160];
     snprintf(name, sizeof name, "%.*s vocab", (int)(arch.len < 64 ? arch.len : 64), arch.ptr);
-    nm_status st = w ? nm_gguf_writer_set_value(w, "general.architecture", &arch_value)
-                     : NM_ERR_NOMEM;
+    nm_status st =
+        w ? nm_gguf_writer_set_value(w, "general.architecture", &arch_value) : NM_ERR_NOMEM;
     if (st == NM_OK) st = nm_gguf_writer_set_str(w, "general.name", c->name ? c->name : name);
     if (st == NM_OK) st = copy_tokenizer(w, src, &err);
     if (st == NM_OK) st = nm_gguf_writer_write_file(w, c->out_path, &err);
-    if (st != NM_OK) fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : nm_status_str(st));
-    else printf(PROG ": wrote %s: the tokenizer of %s\n", c->out_path, c->extract_path);
+    if (st != NM_OK)
+        fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : nm_status_str(st));
+    else
+        printf(PROG ": wrote %s: the tokenizer of %s\n", c->out_path, c->extract_path);
     nm_gguf_writer_free(w);
     nm_gguf_close(src);
     return st == NM_OK ? 0 : 1;
@@ -556,8 +587,17 @@ static int extract_vocab(const config *c) {
 
 int main(int argc, char **argv) {
     config c = {
-        .seed = 42, .n_layer = 4, .d_model = 64, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
-        .n_expert = 16, .n_expert_used = 4, .n_ff = 32, .n_ctx = 4096, .n_vocab = 256,
+        .seed = 42,
+        .n_layer = 4,
+        .d_model = 64,
+        .n_head = 4,
+        .n_head_kv = 2,
+        .head_dim = 16,
+        .n_expert = 16,
+        .n_expert_used = 4,
+        .n_ff = 32,
+        .n_ctx = 4096,
+        .n_vocab = 256,
         .type_name = "f32",
     };
     bool seen[N_OPTIONS] = {false};

@@ -11,19 +11,19 @@
 #include <string.h>
 
 static const char *const type_names[NM_GGUF_TYPE_COUNT] = {
-    [NM_GGUF_UINT8] = "u8",    [NM_GGUF_INT8] = "i8",     [NM_GGUF_UINT16] = "u16",
-    [NM_GGUF_INT16] = "i16",   [NM_GGUF_UINT32] = "u32",  [NM_GGUF_INT32] = "i32",
-    [NM_GGUF_FLOAT32] = "f32", [NM_GGUF_BOOL] = "bool",   [NM_GGUF_STRING] = "str",
-    [NM_GGUF_ARRAY] = "arr",   [NM_GGUF_UINT64] = "u64",  [NM_GGUF_INT64] = "i64",
+    [NM_GGUF_UINT8] = "u8",    [NM_GGUF_INT8] = "i8",    [NM_GGUF_UINT16] = "u16",
+    [NM_GGUF_INT16] = "i16",   [NM_GGUF_UINT32] = "u32", [NM_GGUF_INT32] = "i32",
+    [NM_GGUF_FLOAT32] = "f32", [NM_GGUF_BOOL] = "bool",  [NM_GGUF_STRING] = "str",
+    [NM_GGUF_ARRAY] = "arr",   [NM_GGUF_UINT64] = "u64", [NM_GGUF_INT64] = "i64",
     [NM_GGUF_FLOAT64] = "f64",
 };
 _Static_assert(sizeof(type_names) / sizeof(type_names[0]) == NM_GGUF_TYPE_COUNT,
                "one name per GGUF value type");
 
 static const uint8_t scalar_bytes[NM_GGUF_TYPE_COUNT] = {
-    [NM_GGUF_UINT8] = 1,   [NM_GGUF_INT8] = 1,    [NM_GGUF_UINT16] = 2, [NM_GGUF_INT16] = 2,
-    [NM_GGUF_UINT32] = 4,  [NM_GGUF_INT32] = 4,   [NM_GGUF_FLOAT32] = 4, [NM_GGUF_BOOL] = 1,
-    [NM_GGUF_STRING] = 0,  [NM_GGUF_ARRAY] = 0,   [NM_GGUF_UINT64] = 8, [NM_GGUF_INT64] = 8,
+    [NM_GGUF_UINT8] = 1,   [NM_GGUF_INT8] = 1,  [NM_GGUF_UINT16] = 2,  [NM_GGUF_INT16] = 2,
+    [NM_GGUF_UINT32] = 4,  [NM_GGUF_INT32] = 4, [NM_GGUF_FLOAT32] = 4, [NM_GGUF_BOOL] = 1,
+    [NM_GGUF_STRING] = 0,  [NM_GGUF_ARRAY] = 0, [NM_GGUF_UINT64] = 8,  [NM_GGUF_INT64] = 8,
     [NM_GGUF_FLOAT64] = 8,
 };
 
@@ -72,8 +72,10 @@ const nm_gguf_value *nm_gguf_find(const nm_gguf *g, const char *key) {
         uint64_t mid = lo + (hi - lo) / 2;
         int c = nm_gguf_str_cmp(g->kv_sorted[mid]->key, want);
         if (c == 0) return &g->kv_sorted[mid]->value;
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -85,15 +87,16 @@ const nm_gguf_tensor *nm_gguf_find_tensor(const nm_gguf *g, const char *name) {
         uint64_t mid = lo + (hi - lo) / 2;
         int c = nm_gguf_str_cmp(g->tensor_sorted[mid]->name, want);
         if (c == 0) return g->tensor_sorted[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
 
 static bool is_unsigned(nm_gguf_type t) {
-    return t == NM_GGUF_UINT8 || t == NM_GGUF_UINT16 || t == NM_GGUF_UINT32 ||
-           t == NM_GGUF_UINT64;
+    return t == NM_GGUF_UINT8 || t == NM_GGUF_UINT16 || t == NM_GGUF_UINT32 || t == NM_GGUF_UINT64;
 }
 
 static bool is_signed(nm_gguf_type t) {
@@ -116,8 +119,9 @@ static nm_status get_int(const nm_gguf *g, const char *key, const char *want, in
     if (st != NM_OK) return st;
     if (is_unsigned(v->type)) {
         if (v->v.u64 > hi) {
-            return nm_errorf(err, NM_ERR_FORMAT, "key '%s' = %" PRIu64 " (%s) is out of range for %s",
-                             key, v->v.u64, nm_gguf_type_name(v->type), want);
+            return nm_errorf(err, NM_ERR_FORMAT,
+                             "key '%s' = %" PRIu64 " (%s) is out of range for %s", key, v->v.u64,
+                             nm_gguf_type_name(v->type), want);
         }
         if (out_u) *out_u = v->v.u64;
         if (out_i) *out_i = (int64_t)v->v.u64;
@@ -125,8 +129,9 @@ static nm_status get_int(const nm_gguf *g, const char *key, const char *want, in
     }
     if (is_signed(v->type)) {
         if (v->v.i64 < lo || (v->v.i64 >= 0 && (uint64_t)v->v.i64 > hi)) {
-            return nm_errorf(err, NM_ERR_FORMAT, "key '%s' = %" PRId64 " (%s) is out of range for %s",
-                             key, v->v.i64, nm_gguf_type_name(v->type), want);
+            return nm_errorf(err, NM_ERR_FORMAT,
+                             "key '%s' = %" PRId64 " (%s) is out of range for %s", key, v->v.i64,
+                             nm_gguf_type_name(v->type), want);
         }
         if (out_u) *out_u = (uint64_t)v->v.i64;
         if (out_i) *out_i = v->v.i64;
@@ -218,7 +223,8 @@ static uint64_t element_bits(const nm_gguf_value *arr, uint64_t i, size_t *n_byt
     NM_ASSERT(*n_bytes != 0);
     const uint8_t *p = (const uint8_t *)arr->v.arr.data + i * *n_bytes;
     uint64_t bits = 0;
-    for (size_t k = 0; k < *n_bytes; k++) bits |= (uint64_t)p[k] << (8 * k);
+    for (size_t k = 0; k < *n_bytes; k++)
+        bits |= (uint64_t)p[k] << (8 * k);
     return bits;
 }
 
@@ -270,7 +276,6 @@ double nm_gguf_arr_f64(const nm_gguf_value *arr, uint64_t i) {
 }
 
 nm_gguf_str nm_gguf_arr_str(const nm_gguf_value *arr, uint64_t i) {
-    NM_ASSERT(arr->type == NM_GGUF_ARRAY && arr->v.arr.type == NM_GGUF_STRING &&
-              i < arr->v.arr.n);
+    NM_ASSERT(arr->type == NM_GGUF_ARRAY && arr->v.arr.type == NM_GGUF_STRING && i < arr->v.arr.n);
     return ((const nm_gguf_str *)arr->v.arr.data)[i];
 }

@@ -76,7 +76,8 @@ static const char *show(nm_gguf_str s, char buf[SHOW_CHARS + 8]) {
 
 static uint64_t load_le(const uint8_t *p, size_t n_bytes) {
     uint64_t v = 0;
-    for (size_t i = 0; i < n_bytes; i++) v |= (uint64_t)p[i] << (8 * i);
+    for (size_t i = 0; i < n_bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
@@ -138,8 +139,8 @@ static nm_status alloc_table(parser *p, uint64_t n, size_t elem_bytes, void **ou
     }
     nm_gguf_block *b = nm_malloc(total);
     if (!b) {
-        return nm_errorf(p->err, NM_ERR_NOMEM,
-                         "out of memory for a table of %" PRIu64 " elements", n);
+        return nm_errorf(p->err, NM_ERR_NOMEM, "out of memory for a table of %" PRIu64 " elements",
+                         n);
     }
     b->next = p->g->blocks;
     p->g->blocks = b;
@@ -170,7 +171,7 @@ static nm_status parse_array(parser *p, int depth, nm_gguf_value *out) {
     out->v.arr.data = NULL;
 
     size_t elem_bytes = nm_gguf_scalar_bytes((nm_gguf_type)elem);
-    uint64_t min_bytes = elem_bytes ? elem_bytes
+    uint64_t min_bytes = elem_bytes               ? elem_bytes
                          : elem == NM_GGUF_STRING ? MIN_STRING_BYTES
                                                   : MIN_ARRAY_BYTES;
     if (n > bytes_left(&p->c) / min_bytes) {
@@ -234,11 +235,15 @@ static nm_status parse_value(parser *p, nm_gguf_type type, int depth, nm_gguf_va
     case NM_GGUF_UINT8:
     case NM_GGUF_UINT16:
     case NM_GGUF_UINT32:
-    case NM_GGUF_UINT64: out->v.u64 = bits; break;
+    case NM_GGUF_UINT64:
+        out->v.u64 = bits;
+        break;
     case NM_GGUF_INT8:
     case NM_GGUF_INT16:
     case NM_GGUF_INT32:
-    case NM_GGUF_INT64: out->v.i64 = sign_extend(bits, (unsigned)(8 * n_bytes)); break;
+    case NM_GGUF_INT64:
+        out->v.i64 = sign_extend(bits, (unsigned)(8 * n_bytes));
+        break;
     case NM_GGUF_FLOAT32: {
         uint32_t b32 = (uint32_t)bits;
         float f;
@@ -246,7 +251,9 @@ static nm_status parse_value(parser *p, nm_gguf_type type, int depth, nm_gguf_va
         out->v.f64 = f;
         break;
     }
-    case NM_GGUF_FLOAT64: memcpy(&out->v.f64, &bits, sizeof out->v.f64); break;
+    case NM_GGUF_FLOAT64:
+        memcpy(&out->v.f64, &bits, sizeof out->v.f64);
+        break;
     case NM_GGUF_BOOL:
         if (bits > 1) {
             return nm_errorf(p->err, NM_ERR_FORMAT, "bool value %" PRIu64 " is neither 0 nor 1",
@@ -254,7 +261,8 @@ static nm_status parse_value(parser *p, nm_gguf_type type, int depth, nm_gguf_va
         }
         out->v.b = bits == 1;
         break;
-    default: NM_ASSERT(!"value type checked by the caller");
+    default:
+        NM_ASSERT(!"value type checked by the caller");
     }
     return NM_OK;
 }
@@ -350,7 +358,8 @@ static nm_status parse_kvs(parser *p) {
             st = nm_errorf(p->err, NM_ERR_FORMAT, "unknown value type %" PRIu32, type);
         }
         if (st == NM_OK) st = parse_value(p, (nm_gguf_type)type, 0, &kv->value);
-        if (st != NM_OK) return nm_error_prefix(p->err, "kv %" PRIu64 " '%s'", i, show(kv->key, shown));
+        if (st != NM_OK)
+            return nm_error_prefix(p->err, "kv %" PRIu64 " '%s'", i, show(kv->key, shown));
         g->kv_sorted[i] = kv;
     }
     if (g->n_kv > 0) qsort(g->kv_sorted, (size_t)g->n_kv, sizeof *g->kv_sorted, cmp_kv_key);
@@ -384,15 +393,24 @@ static nm_status parse_kvs(parser *p) {
  * nothing can read it any more. */
 static const char *removed_type_name(uint32_t type) {
     switch (type) {
-    case 4: return "q4_2";
-    case 5: return "q4_3";
-    case 31: return "q4_0_4_4";
-    case 32: return "q4_0_4_8";
-    case 33: return "q4_0_8_8";
-    case 36: return "iq4_nl_4_4";
-    case 37: return "iq4_nl_4_8";
-    case 38: return "iq4_nl_8_8";
-    default: return NULL;
+    case 4:
+        return "q4_2";
+    case 5:
+        return "q4_3";
+    case 31:
+        return "q4_0_4_4";
+    case 32:
+        return "q4_0_4_8";
+    case 33:
+        return "q4_0_8_8";
+    case 36:
+        return "iq4_nl_4_4";
+    case 37:
+        return "iq4_nl_4_8";
+    case 38:
+        return "iq4_nl_8_8";
+    default:
+        return NULL;
     }
 }
 
@@ -405,7 +423,8 @@ static nm_status parse_tensor_shape(parser *p, nm_gguf_tensor *t) {
         return nm_errorf(p->err, NM_ERR_FORMAT, "n_dims %" PRIu32 " is not in 1..4", t->n_dims);
     }
     int64_t n_elements = 1;
-    for (uint32_t d = 0; d < 4; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < 4; d++)
+        t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
         uint64_t bits;
         st = read_uint(p, 8, "ne", &bits);
@@ -432,8 +451,7 @@ static nm_status parse_tensor_shape(parser *p, nm_gguf_tensor *t) {
                              "type %" PRIu32 " (%s) was removed from ggml and is not supported",
                              t->type, removed);
         }
-        return nm_errorf(p->err, NM_ERR_FORMAT, "type id %" PRIu32 " is not a ggml type",
-                         t->type);
+        return nm_errorf(p->err, NM_ERR_FORMAT, "type id %" PRIu32 " is not a ggml type", t->type);
     }
     size_t row_bytes;
     if (!nm_dtype_row_bytes(t->type, t->ne[0], &row_bytes)) {
@@ -526,8 +544,8 @@ static nm_status place_tensors(parser *p) {
         const nm_gguf_tensor *a = g->tensor_sorted[i - 1], *b = g->tensor_sorted[i];
         if (a->offset + a->n_bytes > b->offset) {
             return nm_errorf(p->err, NM_ERR_FORMAT,
-                             "tensors '%s' [offset %" PRIu64 ", %" PRIu64 " bytes] and '%s' [offset %" PRIu64
-                             ", %" PRIu64 " bytes] overlap",
+                             "tensors '%s' [offset %" PRIu64 ", %" PRIu64
+                             " bytes] and '%s' [offset %" PRIu64 ", %" PRIu64 " bytes] overlap",
                              show(a->name, shown), a->offset, a->n_bytes, show(b->name, shown2),
                              b->offset, b->n_bytes);
         }
@@ -536,10 +554,10 @@ static nm_status place_tensors(parser *p) {
     for (size_t i = 1; i < n; i++) {
         const nm_gguf_tensor *a = g->tensor_sorted[i - 1], *b = g->tensor_sorted[i];
         if (nm_gguf_str_cmp(a->name, b->name) == 0) {
-            return nm_errorf(p->err, NM_ERR_FORMAT,
-                             "duplicate tensor name '%s' (tensor %" PRIu64 " and tensor %" PRIu64 ")",
-                             show(a->name, shown), (uint64_t)(a - g->tensors),
-                             (uint64_t)(b - g->tensors));
+            return nm_errorf(
+                p->err, NM_ERR_FORMAT,
+                "duplicate tensor name '%s' (tensor %" PRIu64 " and tensor %" PRIu64 ")",
+                show(a->name, shown), (uint64_t)(a - g->tensors), (uint64_t)(b - g->tensors));
         }
     }
     return NM_OK;
@@ -575,7 +593,8 @@ nm_status nm_gguf_open_memory(const void *data, size_t n_bytes, nm_gguf **out, n
     *out = NULL;
     static const uint8_t empty[1];
     if (!data) {
-        if (n_bytes != 0) return nm_errorf(err, NM_ERR_INVALID_ARG, "NULL data of %zu bytes", n_bytes);
+        if (n_bytes != 0)
+            return nm_errorf(err, NM_ERR_INVALID_ARG, "NULL data of %zu bytes", n_bytes);
         data = empty;
     }
     return open_over(data, n_bytes, false, out, err);
@@ -610,7 +629,8 @@ nm_status nm_gguf_open(const char *path, nm_gguf **out, nm_error *err) {
         void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         int e = errno;
         close(fd);
-        if (map == MAP_FAILED) return nm_errorf(err, NM_ERR_IO, "%s: cannot mmap: %s", path, strerror(e));
+        if (map == MAP_FAILED)
+            return nm_errorf(err, NM_ERR_IO, "%s: cannot mmap: %s", path, strerror(e));
         st = open_over(map, (uint64_t)sb.st_size, true, out, err);
     }
     if (st != NM_OK) nm_error_prefix(err, "%s", path);

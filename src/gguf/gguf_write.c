@@ -73,7 +73,8 @@ static void put(bytebuf *b, const void *src, size_t n) {
 
 static void put_le(bytebuf *b, uint64_t v, size_t n_bytes) {
     uint8_t le[8];
-    for (size_t i = 0; i < n_bytes; i++) le[i] = (uint8_t)(v >> (8 * i));
+    for (size_t i = 0; i < n_bytes; i++)
+        le[i] = (uint8_t)(v >> (8 * i));
     put(b, le, n_bytes);
 }
 
@@ -128,13 +129,20 @@ static bool grow(void **items, size_t *cap, size_t n, size_t item_bytes) {
 
 static bool int_fits(const nm_gguf_value *v) {
     switch (v->type) {
-    case NM_GGUF_UINT8: return v->v.u64 <= UINT8_MAX;
-    case NM_GGUF_UINT16: return v->v.u64 <= UINT16_MAX;
-    case NM_GGUF_UINT32: return v->v.u64 <= UINT32_MAX;
-    case NM_GGUF_INT8: return v->v.i64 >= INT8_MIN && v->v.i64 <= INT8_MAX;
-    case NM_GGUF_INT16: return v->v.i64 >= INT16_MIN && v->v.i64 <= INT16_MAX;
-    case NM_GGUF_INT32: return v->v.i64 >= INT32_MIN && v->v.i64 <= INT32_MAX;
-    default: return true;
+    case NM_GGUF_UINT8:
+        return v->v.u64 <= UINT8_MAX;
+    case NM_GGUF_UINT16:
+        return v->v.u64 <= UINT16_MAX;
+    case NM_GGUF_UINT32:
+        return v->v.u64 <= UINT32_MAX;
+    case NM_GGUF_INT8:
+        return v->v.i64 >= INT8_MIN && v->v.i64 <= INT8_MAX;
+    case NM_GGUF_INT16:
+        return v->v.i64 >= INT16_MIN && v->v.i64 <= INT16_MAX;
+    case NM_GGUF_INT32:
+        return v->v.i64 >= INT32_MIN && v->v.i64 <= INT32_MAX;
+    default:
+        return true;
     }
 }
 
@@ -176,11 +184,15 @@ static void put_value(bytebuf *b, const nm_gguf_value *v) {
     case NM_GGUF_UINT8:
     case NM_GGUF_UINT16:
     case NM_GGUF_UINT32:
-    case NM_GGUF_UINT64: put_le(b, v->v.u64, n_bytes); break;
+    case NM_GGUF_UINT64:
+        put_le(b, v->v.u64, n_bytes);
+        break;
     case NM_GGUF_INT8:
     case NM_GGUF_INT16:
     case NM_GGUF_INT32:
-    case NM_GGUF_INT64: put_le(b, (uint64_t)v->v.i64, n_bytes); break;
+    case NM_GGUF_INT64:
+        put_le(b, (uint64_t)v->v.i64, n_bytes);
+        break;
     case NM_GGUF_FLOAT32: {
         float f = (float)v->v.f64;
         uint32_t bits;
@@ -194,10 +206,17 @@ static void put_value(bytebuf *b, const nm_gguf_value *v) {
         put_le(b, bits, 8);
         break;
     }
-    case NM_GGUF_BOOL: put_le(b, v->v.b ? 1 : 0, 1); break;
-    case NM_GGUF_STRING: put_str(b, v->v.str.ptr, v->v.str.len); break;
-    case NM_GGUF_ARRAY: put_array_body(b, v); break;
-    default: NM_ASSERT(!"value checked by value_ok");
+    case NM_GGUF_BOOL:
+        put_le(b, v->v.b ? 1 : 0, 1);
+        break;
+    case NM_GGUF_STRING:
+        put_str(b, v->v.str.ptr, v->v.str.len);
+        break;
+    case NM_GGUF_ARRAY:
+        put_array_body(b, v);
+        break;
+    default:
+        NM_ASSERT(!"value checked by value_ok");
     }
 }
 
@@ -217,16 +236,17 @@ static void put_array_body(bytebuf *b, const nm_gguf_value *v) {
         put(b, v->v.arr.data, total);
     } else if (elem == NM_GGUF_STRING) {
         const nm_gguf_str *s = v->v.arr.data;
-        for (uint64_t i = 0; i < n && !b->failed; i++) put_str(b, s[i].ptr, s[i].len);
+        for (uint64_t i = 0; i < n && !b->failed; i++)
+            put_str(b, s[i].ptr, s[i].len);
     } else {
         const nm_gguf_value *items = v->v.arr.data;
-        for (uint64_t i = 0; i < n && !b->failed; i++) put_array_body(b, &items[i]);
+        for (uint64_t i = 0; i < n && !b->failed; i++)
+            put_array_body(b, &items[i]);
     }
 }
 
 /* Checks the key and starts its serialisation (key and type) in b. */
-static nm_status begin_kv(const nm_gguf_writer *w, const char *key, nm_gguf_type type,
-                          bytebuf *b) {
+static nm_status begin_kv(const nm_gguf_writer *w, const char *key, nm_gguf_type type, bytebuf *b) {
     NM_ASSERT(key != NULL);
     if (key[0] == '\0') return NM_ERR_INVALID_ARG;
     for (size_t i = 0; i < w->n_kv; i++) {
@@ -251,8 +271,7 @@ static nm_status finish_kv(nm_gguf_writer *w, const char *key, bytebuf *b) {
     return NM_OK;
 }
 
-nm_status nm_gguf_writer_set_value(nm_gguf_writer *w, const char *key,
-                                   const nm_gguf_value *value) {
+nm_status nm_gguf_writer_set_value(nm_gguf_writer *w, const char *key, const nm_gguf_value *value) {
     NM_ASSERT(w != NULL && value != NULL);
     if (!value_ok(value, 0)) return NM_ERR_INVALID_ARG;
     bool is_alignment = key && strcmp(key, ALIGNMENT_KEY) == 0;
@@ -311,16 +330,18 @@ nm_status nm_gguf_writer_set_arr(nm_gguf_writer *w, const char *key, nm_gguf_typ
     return nm_gguf_writer_set_value(w, key, &value);
 }
 
-nm_status nm_gguf_writer_set_arr_str(nm_gguf_writer *w, const char *key,
-                                     const char *const *strs, uint64_t n) {
+nm_status nm_gguf_writer_set_arr_str(nm_gguf_writer *w, const char *key, const char *const *strs,
+                                     uint64_t n) {
     NM_ASSERT(w != NULL && (strs != NULL || n == 0));
-    for (uint64_t i = 0; i < n; i++) NM_ASSERT(strs[i] != NULL);
+    for (uint64_t i = 0; i < n; i++)
+        NM_ASSERT(strs[i] != NULL);
     bytebuf b;
     nm_status st = begin_kv(w, key, NM_GGUF_ARRAY, &b);
     if (st != NM_OK) return st;
     put_le(&b, NM_GGUF_STRING, 4);
     put_le(&b, n, 8);
-    for (uint64_t i = 0; i < n && !b.failed; i++) put_str(&b, strs[i], strlen(strs[i]));
+    for (uint64_t i = 0; i < n && !b.failed; i++)
+        put_str(&b, strs[i], strlen(strs[i]));
     return finish_kv(w, key, &b);
 }
 
@@ -374,7 +395,8 @@ nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_
      * where every tensor starts aligned and is padded to the alignment. */
     size_t size = 24, data_bytes = 0;
     bool ok = true;
-    for (size_t i = 0; i < w->n_kv && ok; i++) ok = nm_add_size(size, w->kvs[i].n_bytes, &size);
+    for (size_t i = 0; i < w->n_kv && ok; i++)
+        ok = nm_add_size(size, w->kvs[i].n_bytes, &size);
     for (size_t i = 0; i < w->n_tensors && ok; i++) {
         const writer_tensor *t = &w->tensors[i];
         ok = nm_add_size(size, 8 + strlen(t->name) + 4 + 8 * (size_t)t->n_dims + 4 + 8, &size) &&
@@ -399,13 +421,15 @@ nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_
     put_le(&head, 3, 4);
     put_le(&head, w->n_tensors, 8);
     put_le(&head, w->n_kv, 8);
-    for (size_t i = 0; i < w->n_kv; i++) put(&head, w->kvs[i].bytes, w->kvs[i].n_bytes);
+    for (size_t i = 0; i < w->n_kv; i++)
+        put(&head, w->kvs[i].bytes, w->kvs[i].n_bytes);
     size_t offset = 0;
     for (size_t i = 0; i < w->n_tensors; i++) {
         const writer_tensor *t = &w->tensors[i];
         put_str(&head, t->name, strlen(t->name));
         put_le(&head, t->n_dims, 4);
-        for (uint32_t d = 0; d < t->n_dims; d++) put_le(&head, (uint64_t)t->ne[d], 8);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            put_le(&head, (uint64_t)t->ne[d], 8);
         put_le(&head, t->type, 4);
         put_le(&head, offset, 8);
         memcpy(file + data_start + offset, t->data, (size_t)t->n_bytes);

@@ -28,15 +28,18 @@ static uint64_t mix64(uint64_t x) {
  * table index) depend on every byte. */
 static uint64_t hash_text2(const uint8_t *a, size_t n_a, const uint8_t *b, size_t n_b) {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n_a; i++) h = (h ^ a[i]) * 0x100000001b3ull;
-    for (size_t i = 0; i < n_b; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n_a; i++)
+        h = (h ^ a[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n_b; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
     return mix64(h);
 }
 
 /* Smallest power of two >= n (n <= 2^62). */
 static uint64_t pow2_at_least(uint64_t n) {
     uint64_t p = 16;
-    while (p < n) p <<= 1;
+    while (p < n)
+        p <<= 1;
     return p;
 }
 
@@ -69,16 +72,15 @@ nm_status nm_token_map_build(nm_tokenizer *tok, nm_error *err) {
                 break;
             }
             if (text_equals2(tok->text[other], p, t.len, NULL, 0))
-                return nm_errorf(err, NM_ERR_FORMAT,
-                                 "tokens %d and %d have the same text '%.*s'", other, id,
-                                 (int)(t.len > 64 ? 64 : t.len), t.ptr);
+                return nm_errorf(err, NM_ERR_FORMAT, "tokens %d and %d have the same text '%.*s'",
+                                 other, id, (int)(t.len > 64 ? 64 : t.len), t.ptr);
         }
     }
     return NM_OK;
 }
 
-int32_t nm_token_map_find2(const nm_tokenizer *tok, const uint8_t *a, size_t n_a,
-                           const uint8_t *b, size_t n_b) {
+int32_t nm_token_map_find2(const nm_tokenizer *tok, const uint8_t *a, size_t n_a, const uint8_t *b,
+                           size_t n_b) {
     if (n_a + n_b == 0) return -1;
     uint64_t i = hash_text2(a, n_a, b, n_b) & tok->tokens.mask;
     for (;; i = (i + 1) & tok->tokens.mask) {
@@ -105,7 +107,8 @@ nm_status nm_merge_map_build(nm_tokenizer *tok, const nm_gguf_value *merges, nm_
     if (!nm_mul_size((size_t)n_slots, sizeof(nm_merge_slot), &n_bytes) ||
         !(tok->merges.slots = nm_malloc(n_bytes)))
         return nm_errorf(err, NM_ERR_NOMEM, "out of memory for %" PRIu64 " merges", n);
-    for (uint64_t i = 0; i < n_slots; i++) tok->merges.slots[i].key = MERGE_EMPTY;
+    for (uint64_t i = 0; i < n_slots; i++)
+        tok->merges.slots[i].key = MERGE_EMPTY;
     tok->merges.mask = n_slots - 1;
     tok->n_merges = (int32_t)n;
 
@@ -125,8 +128,9 @@ nm_status nm_merge_map_build(nm_tokenizer *tok, const nm_gguf_value *merges, nm_
         const int32_t right = nm_token_map_find2(tok, space + 1, n_right, NULL, 0);
         const int32_t result = nm_token_map_find2(tok, p, n_left, space + 1, n_right);
         if (left < 0 || right < 0 || result < 0) {
-            const char *what = left < 0 ? "its left part" : right < 0 ? "its right part"
-                                                                      : "the merged text";
+            const char *what = left < 0    ? "its left part"
+                               : right < 0 ? "its right part"
+                                           : "the merged text";
             return nm_errorf(err, NM_ERR_FORMAT, "merge %" PRIu64 " '%.*s': %s is not a token",
                              rank, shown, line.ptr, what);
         }
@@ -206,7 +210,9 @@ static void queue_pair(const nm_tokenizer *tok, const nm_bpe_scratch *s, pending
     const int32_t left_id = s->sym_id[left], right_id = s->sym_id[right];
     if (left_id < 0 || right_id < 0) return;
     const nm_merge_slot *m = nm_merge_map_find(tok, left_id, right_id);
-    if (m) heap_push(heap, n_heap, (pending_merge){m->rank, left, right, left_id, right_id, m->result});
+    if (m)
+        heap_push(heap, n_heap,
+                  (pending_merge){m->rank, left, right, left_id, right_id, m->result});
 }
 
 static nm_status resize(void **p, size_t n, size_t elem_bytes, nm_error *err) {
@@ -267,7 +273,8 @@ nm_status nm_bpe_encode_word(const nm_tokenizer *tok, const uint8_t *word, size_
             s->text_cap = 2 * n;
         }
         size_t m = 0;
-        for (size_t i = 0; i < n; i++) m += (size_t)nm_utf8_encode(nm_gpt2_byte_to_cp(word[i]), s->text + m);
+        for (size_t i = 0; i < n; i++)
+            m += (size_t)nm_utf8_encode(nm_gpt2_byte_to_cp(word[i]), s->text + m);
         const int32_t id = nm_token_map_find2(tok, s->text, m, NULL, 0);
         if (id >= 0) {
             nm_id_sink_push(sink, id);
@@ -287,7 +294,8 @@ nm_status nm_bpe_encode_word(const nm_tokenizer *tok, const uint8_t *word, size_
     }
     pending_merge *heap = s->heap;
     size_t n_heap = 0;
-    for (int32_t i = 1; i < n_sym; i++) queue_pair(tok, s, heap, &n_heap, i - 1, i);
+    for (int32_t i = 1; i < n_sym; i++)
+        queue_pair(tok, s, heap, &n_heap, i - 1, i);
 
     while (n_heap > 0) {
         const pending_merge m = heap_pop(heap, &n_heap);
@@ -303,6 +311,7 @@ nm_status nm_bpe_encode_word(const nm_tokenizer *tok, const uint8_t *word, size_
         queue_pair(tok, s, heap, &n_heap, m.left, after);
     }
     /* symbol 0 is never merged away: it only ever absorbs its right side */
-    for (int32_t i = 0; i >= 0; i = s->sym_next[i]) emit_symbol(tok, s->sym_id[i], word[i], sink);
+    for (int32_t i = 0; i >= 0; i = s->sym_next[i])
+        emit_symbol(tok, s->sym_id[i], word[i], sink);
     return NM_OK;
 }

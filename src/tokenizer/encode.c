@@ -42,8 +42,8 @@ static nm_status push_fragment(fragment_list *list, size_t off, size_t len, int3
                                nm_error *err) {
     if (list->n == list->cap) {
         size_t cap = list->cap ? 2 * list->cap : 16, n_bytes;
-        fragment *p = nm_mul_size(cap, sizeof *p, &n_bytes) ? nm_realloc(list->items, n_bytes)
-                                                            : NULL;
+        fragment *p =
+            nm_mul_size(cap, sizeof *p, &n_bytes) ? nm_realloc(list->items, n_bytes) : NULL;
         if (!p) return nm_errorf(err, NM_ERR_NOMEM, "out of memory splitting special tokens");
         list->items = p;
         list->cap = cap;
@@ -88,19 +88,22 @@ static nm_status cut_special(const nm_tokenizer *tok, const uint8_t *text, int32
         for (;;) {
             const uint8_t *hit = find_bytes(text + base, end - base, needle, m);
             if (!hit) {
-                if (end > base && (st = push_fragment(&w->next, base, end - base, -1, err)))
+                if (end > base &&
+                    (st = push_fragment(&w->next, base, end - base, -1, err)) != NM_OK)
                     return st;
                 break;
             }
             const size_t at = (size_t)(hit - text);
             size_t n_left = at - base;
             if (attr & NM_ATTR_LSTRIP)
-                while (n_left > 0 && is_c_space(text[base + n_left - 1])) n_left--;
-            if (n_left && (st = push_fragment(&w->next, base, n_left, -1, err))) return st;
+                while (n_left > 0 && is_c_space(text[base + n_left - 1]))
+                    n_left--;
+            if (n_left && (st = push_fragment(&w->next, base, n_left, -1, err)) != NM_OK) return st;
             if ((st = push_fragment(&w->next, at, m, id, err)) != NM_OK) return st;
             base = at + m;
             if (attr & NM_ATTR_RSTRIP)
-                while (base < end && is_c_space(text[base])) base++;
+                while (base < end && is_c_space(text[base]))
+                    base++;
         }
     }
     const fragment_list t = w->frags;
@@ -109,18 +112,21 @@ static nm_status cut_special(const nm_tokenizer *tok, const uint8_t *text, int32
     return NM_OK;
 }
 
-static size_t utf8_len(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+static size_t utf8_len(uint32_t cp) {
+    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
 
 /* Pre-tokenizes one raw fragment and BPE-encodes each of its words. */
 static nm_status encode_fragment(const nm_tokenizer *tok, const uint8_t *s, size_t n,
                                  encode_work *w, nm_id_sink *sink, nm_error *err) {
     if (n > w->cap_cpts) {
         size_t n_cp_bytes, n_flag_bytes;
-        uint32_t *cpts = nm_mul_size(n, sizeof *cpts, &n_cp_bytes)
-                             ? nm_realloc(w->cpts, n_cp_bytes) : NULL;
+        uint32_t *cpts =
+            nm_mul_size(n, sizeof *cpts, &n_cp_bytes) ? nm_realloc(w->cpts, n_cp_bytes) : NULL;
         if (cpts) w->cpts = cpts;
         uint16_t *flags = cpts && nm_mul_size(n, sizeof *flags, &n_flag_bytes)
-                              ? nm_realloc(w->flags, n_flag_bytes) : NULL;
+                              ? nm_realloc(w->flags, n_flag_bytes)
+                              : NULL;
         if (flags) w->flags = flags;
         if (!cpts || !flags)
             return nm_errorf(err, NM_ERR_NOMEM, "out of memory encoding %zu bytes of text", n);
@@ -135,7 +141,8 @@ static nm_status encode_fragment(const nm_tokenizer *tok, const uint8_t *s, size
     for (size_t cp = 0; cp < n_cp;) {
         const size_t end = nm_pretok_word_end(tok->pretok, w->cpts, w->flags, n_cp, cp);
         size_t n_word = 0;
-        for (size_t i = cp; i < end; i++) n_word += utf8_len(w->cpts[i]);
+        for (size_t i = cp; i < end; i++)
+            n_word += utf8_len(w->cpts[i]);
         nm_status st = nm_bpe_encode_word(tok, s + byte, n_word, &w->bpe, sink, err);
         if (st != NM_OK) return st;
         byte += n_word;
@@ -144,9 +151,8 @@ static nm_status encode_fragment(const nm_tokenizer *tok, const uint8_t *s, size
     return NM_OK;
 }
 
-static nm_status encode_all(const nm_tokenizer *tok, const uint8_t *s, size_t n,
-                            bool parse_special, encode_work *w, nm_id_sink *sink,
-                            nm_error *err) {
+static nm_status encode_all(const nm_tokenizer *tok, const uint8_t *s, size_t n, bool parse_special,
+                            encode_work *w, nm_id_sink *sink, nm_error *err) {
     nm_status st;
     if (n == 0) return NM_OK;
     if ((st = push_fragment(&w->frags, 0, n, -1, err)) != NM_OK) return st;
@@ -158,7 +164,8 @@ static nm_status encode_all(const nm_tokenizer *tok, const uint8_t *s, size_t n,
     }
     for (size_t i = 0; i < w->frags.n; i++) {
         const fragment f = w->frags.items[i];
-        if (f.token >= 0) nm_id_sink_push(sink, f.token);
+        if (f.token >= 0)
+            nm_id_sink_push(sink, f.token);
         else if ((st = encode_fragment(tok, s + f.off, f.len, w, sink, err)) != NM_OK)
             return st;
     }
@@ -177,8 +184,8 @@ nm_status nm_tokenizer_encode(const nm_tokenizer *tok, const char *text, size_t 
     const char *why;
     if (n_bytes && !nm_utf8_validate(s, n_bytes, &bad, &why))
         return nm_errorf(err, NM_ERR_FORMAT,
-                         "text is not valid UTF-8: %s at byte offset %zu (byte 0x%02X)", why,
-                         bad, s[bad]);
+                         "text is not valid UTF-8: %s at byte offset %zu (byte 0x%02X)", why, bad,
+                         s[bad]);
 
     nm_id_sink sink = {ids, cap, 0};
     if (add_bos && tok->bos >= 0) nm_id_sink_push(&sink, tok->bos);
@@ -188,7 +195,7 @@ nm_status nm_tokenizer_encode(const nm_tokenizer *tok, const char *text, size_t 
     if (st != NM_OK) return st;
     *n_out = sink.n;
     if (sink.n > cap)
-        return nm_errorf(err, NM_ERR_CAPACITY, "the text needs %zu token ids, room for %zu",
-                         sink.n, cap);
+        return nm_errorf(err, NM_ERR_CAPACITY, "the text needs %zu token ids, room for %zu", sink.n,
+                         cap);
     return NM_OK;
 }

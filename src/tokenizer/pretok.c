@@ -29,8 +29,7 @@ size_t nm_pretok_word_end(nm_pretok_kind kind, const uint32_t *cpts, const uint1
     const uint32_t cp = cpts[pos];
     const uint16_t f = flags[pos];
     /* what a "letter run" may contain; qwen35 adds combining marks */
-    const uint16_t word =
-        NM_UFLAG_LETTER | (kind == NM_PRETOK_QWEN35 ? NM_UFLAG_ACCENT_MARK : 0);
+    const uint16_t word = NM_UFLAG_LETTER | (kind == NM_PRETOK_QWEN35 ? NM_UFLAG_ACCENT_MARK : 0);
 
     /* (?i:'s|'t|'re|'ve|'m|'ll|'d) */
     if (cp == '\'' && pos + 1 < n) {
@@ -48,7 +47,8 @@ size_t nm_pretok_word_end(nm_pretok_kind kind, const uint32_t *cpts, const uint1
     if (!(cp == '\r' || cp == '\n' || (f & NM_UFLAG_NUMBER))) {
         if ((f & word) || (flags_at(flags, n, pos + 1) & word)) {
             size_t end = pos + 1;
-            while (flags_at(flags, n, end) & word) end++;
+            while (flags_at(flags, n, end) & word)
+                end++;
             return end;
         }
     }
@@ -57,7 +57,8 @@ size_t nm_pretok_word_end(nm_pretok_kind kind, const uint32_t *cpts, const uint1
     if (f & NM_UFLAG_NUMBER) {
         size_t end = pos + 1;
         if (kind == NM_PRETOK_LLAMA3)
-            while (end < pos + 3 && (flags_at(flags, n, end) & NM_UFLAG_NUMBER)) end++;
+            while (end < pos + 3 && (flags_at(flags, n, end) & NM_UFLAG_NUMBER))
+                end++;
         return end;
     }
 
@@ -69,8 +70,10 @@ size_t nm_pretok_word_end(nm_pretok_kind kind, const uint32_t *cpts, const uint1
     size_t end = pos + (cp == ' ');
     uint16_t f2 = flags_at(flags, n, end);
     if (!(f2 & stop)) {
-        while (f2 && !(f2 & stop)) f2 = flags_at(flags, n, ++end);
-        while (is_newline_at(cpts, n, end)) end++;
+        while (f2 && !(f2 & stop))
+            f2 = flags_at(flags, n, ++end);
+        while (is_newline_at(cpts, n, end))
+            end++;
         return end;
     }
 

@@ -34,6 +34,7 @@ enum {
 extern const uint32_t nm_unicode_n_ranges;
 extern const uint32_t nm_unicode_range_start[];
 extern const uint16_t nm_unicode_range_flags[];
+extern const uint16_t nm_unicode_ascii_flags[128]; /* the same for U+0000..U+007F */
 
 /* Class bits of a code point (cp <= 0x10FFFF). */
 uint16_t nm_unicode_flags(uint32_t cp);
@@ -139,8 +140,8 @@ struct nm_tokenizer {
 nm_status nm_token_map_build(nm_tokenizer *tok, nm_error *err);
 /* The id of the token whose text is a followed by b (either may be empty),
  * or -1. */
-int32_t nm_token_map_find2(const nm_tokenizer *tok, const uint8_t *a, size_t n_a,
-                           const uint8_t *b, size_t n_b);
+int32_t nm_token_map_find2(const nm_tokenizer *tok, const uint8_t *a, size_t n_a, const uint8_t *b,
+                           size_t n_b);
 
 /* Reads and checks the merge lines (tokenizer.ggml.merges). */
 nm_status nm_merge_map_build(nm_tokenizer *tok, const nm_gguf_value *merges, nm_error *err);

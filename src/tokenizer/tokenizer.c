@@ -72,13 +72,20 @@ static nm_status read_kind(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *err
 /* GGUF token types (llama_token_type) to attribute bits. */
 static uint16_t attr_of_type(int64_t type) {
     switch (type) {
-    case 1: return NM_ATTR_NORMAL;
-    case 2: return NM_ATTR_UNKNOWN;
-    case 3: return NM_ATTR_CONTROL;
-    case 4: return NM_ATTR_USER_DEFINED;
-    case 5: return NM_ATTR_UNUSED;
-    case 6: return NM_ATTR_BYTE;
-    default: return NM_ATTR_UNDEFINED; /* 0 and values llama.cpp does not know */
+    case 1:
+        return NM_ATTR_NORMAL;
+    case 2:
+        return NM_ATTR_UNKNOWN;
+    case 3:
+        return NM_ATTR_CONTROL;
+    case 4:
+        return NM_ATTR_USER_DEFINED;
+    case 5:
+        return NM_ATTR_UNUSED;
+    case 6:
+        return NM_ATTR_BYTE;
+    default:
+        return NM_ATTR_UNDEFINED; /* 0 and values llama.cpp does not know */
     }
 }
 
@@ -109,7 +116,8 @@ static nm_status read_tokens(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *e
         for (int32_t id = 0; id < tok->n_vocab; id++)
             tok->attr[id] = attr_of_type(nm_gguf_arr_i64(types, (uint64_t)id));
     } else {
-        for (int32_t id = 0; id < tok->n_vocab; id++) tok->attr[id] = NM_ATTR_NORMAL;
+        for (int32_t id = 0; id < tok->n_vocab; id++)
+            tok->attr[id] = NM_ATTR_NORMAL;
     }
     return nm_token_map_build(tok, err);
 }
@@ -155,7 +163,8 @@ static nm_status read_special_ids(nm_tokenizer *tok, const nm_gguf *gguf, nm_err
     };
     /* Absent ids are -1. (llama.cpp defaults a gpt2 vocabulary's BOS and EOS
      * to token 11, which is punctuation in most of them; we do not.) */
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) *keys[i].id = -1;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        *keys[i].id = -1;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         if (!nm_gguf_find(gguf, keys[i].key)) continue;
         uint32_t v;
@@ -194,37 +203,59 @@ static nm_status read_special_ids(nm_tokenizer *tok, const nm_gguf *gguf, nm_err
  * the first in its hash map's order, which no vocabulary we know depends
  * on), and it becomes CONTROL if it was not. */
 static const char *const eot_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", /* DeepSeek */
-    "<end_of_utterance>", NULL};
+    "<|eot_id|>",         "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>",    "<EOT>",      "_<EOT>",  "[EOT]",         "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>", NULL,
+};
 static const char *const eom_texts[] = {"<|eom_id|>", NULL};
 static const char *const fim_pre_texts[] = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
-    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>", "\xe2\x96\x81<PRE>",
-    "<|code_prefix|>", "<|prefix|>", NULL};
+    "<|fim_prefix|>",  "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+    "<|code_prefix|>", "<|prefix|>",   NULL,
+};
 static const char *const fim_suf_texts[] = {
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-    "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>", "<SUF>", "\xe2\x96\x81<SUF>",
-    "<|code_suffix|>", "<|suffix|>", NULL};
+    "<|fim_suffix|>",  "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+    "<|code_suffix|>", "<|suffix|>",   NULL,
+};
 static const char *const fim_mid_texts[] = {
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>", "\xe2\x96\x81<MID>",
-    "<|code_middle|>", "<|middle|>", NULL};
-static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
-                                            "[PAD]", NULL};
-static const char *const fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
-                                            "<REPO>", "<reponame>", NULL};
+    "<|fim_middle|>",  "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+    "<|code_middle|>", "<|middle|>",   NULL,
+};
+static const char *const fim_pad_texts[] = {
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL,
+};
+static const char *const fim_rep_texts[] = {
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL,
+};
 static const char *const fim_sep_texts[] = {"<|file_sep|>", NULL};
 
 /* Every token with one of these texts ends generation (and becomes CONTROL:
  * this is how Qwen3's ordinary token '</s>' comes to be matched as a special
  * token). */
 static const char *const eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[", NULL};
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<eos>",
+    "<turn|>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<|tool_response>",
+    "[e~[",
+    "<｜end▁of▁sentence｜>",
+    NULL,
+};
 
 static void detect_id(nm_tokenizer *tok, int32_t *id, const char *const *texts) {
     if (*id >= 0) return;
@@ -305,10 +336,11 @@ static nm_status decide_eog(nm_tokenizer *tok, nm_error *err) {
     }
     /* o200k_harmony and solar-open: <|end|> does not end generation there */
     const int32_t end = eog_with_text(tok, &eog, "<|end|>");
-    const bool has_call = eog_with_text(tok, &eog, "<|call|>") >= 0 ||
-                          eog_with_text(tok, &eog, "<|calls|>") >= 0;
+    const bool has_call =
+        eog_with_text(tok, &eog, "<|call|>") >= 0 || eog_with_text(tok, &eog, "<|calls|>") >= 0;
     if (end >= 0 && has_call &&
-        (eog_with_text(tok, &eog, "<|return|>") >= 0 || eog_with_text(tok, &eog, "<|flush|>") >= 0)) {
+        (eog_with_text(tok, &eog, "<|return|>") >= 0 ||
+         eog_with_text(tok, &eog, "<|flush|>") >= 0)) {
         remove_id(&eog, end);
         tok->attr[end] = NM_ATTR_USER_DEFINED;
     }
@@ -355,7 +387,8 @@ static nm_status list_special(nm_tokenizer *tok, nm_error *err) {
         if ((tok->attr[id] & special) && tok->text[id].len)
             keys[k++] = (special_key){tok->text[id].len, id};
     qsort(keys, (size_t)n, sizeof *keys, compare_special);
-    for (int32_t i = 0; i < n; i++) tok->special[i] = keys[i].id;
+    for (int32_t i = 0; i < n; i++)
+        tok->special[i] = keys[i].id;
     tok->n_special = n;
     nm_free(keys);
     return NM_OK;
@@ -374,7 +407,8 @@ static void strip_rules(nm_tokenizer *tok, const nm_gguf *gguf) {
     }
     lower[n] = '\0';
     if (!strstr(lower, "phi-3") && !strstr(lower, "phi3")) return;
-    for (int32_t i = 0; i < tok->n_special; i++) tok->attr[tok->special[i]] |= NM_ATTR_RSTRIP;
+    for (int32_t i = 0; i < tok->n_special; i++)
+        tok->attr[tok->special[i]] |= NM_ATTR_RSTRIP;
     const int32_t s_end = find_text(tok, "</s>");
     if (s_end >= 0) tok->attr[s_end] |= NM_ATTR_RSTRIP;
     static const char *const kept[] = {"<unk>", "<s>", "<|endoftext|>"};
@@ -450,8 +484,10 @@ bool nm_tokenizer_is_eog(const nm_tokenizer *tok, int32_t id) {
     while (lo < hi) {
         const int32_t mid = lo + (hi - lo) / 2;
         if (tok->eog[mid] == id) return true;
-        if (tok->eog[mid] < id) lo = mid + 1;
-        else hi = mid;
+        if (tok->eog[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return false;
 }
@@ -488,7 +524,8 @@ static uint32_t lenient_next(const uint8_t *s, size_t n, size_t *pos) {
     *pos = i + len;
     if (len == 1) return b;
     uint32_t cp = b & (0x7F >> len);
-    for (size_t k = 1; k < len; k++) cp = cp << 6 | (s[i + k] & 0x3F);
+    for (size_t k = 1; k < len; k++)
+        cp = cp << 6 | (s[i + k] & 0x3F);
     return cp;
 }
 

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A loaded tokenizer is read-only: encode and piece may run on it from
+ * several threads at once. */
 typedef struct nm_tokenizer nm_tokenizer;
 
 /* Reads tokenizer.ggml.* from an open GGUF (model, pre, tokens, token_type,

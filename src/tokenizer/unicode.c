@@ -7,8 +7,6 @@
 
 #include <string.h>
 
-extern const uint16_t nm_unicode_ascii_flags[128];
-
 uint16_t nm_unicode_flags(uint32_t cp) {
     if (cp < 128) return nm_unicode_ascii_flags[cp];
     NM_ASSERT(cp <= 0x10FFFF);
@@ -16,8 +14,10 @@ uint16_t nm_unicode_flags(uint32_t cp) {
     uint32_t lo = 0, hi = nm_unicode_n_ranges;
     while (hi - lo > 1) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (nm_unicode_range_start[mid] <= cp) lo = mid;
-        else hi = mid;
+        if (nm_unicode_range_start[mid] <= cp)
+            lo = mid;
+        else
+            hi = mid;
     }
     return nm_unicode_range_flags[lo];
 }
@@ -44,9 +44,12 @@ bool nm_utf8_validate(const uint8_t *s, size_t n, size_t *bad_offset, const char
         size_t len = 1;
         uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
         const char *why = NULL;
-        if (b < 0xC0) why = "stray continuation byte";
-        else if (b < 0xC2) why = "overlong encoding";
-        else if (b < 0xE0) len = 2;
+        if (b < 0xC0)
+            why = "stray continuation byte";
+        else if (b < 0xC2)
+            why = "overlong encoding";
+        else if (b < 0xE0)
+            len = 2;
         else if (b < 0xF0) {
             len = 3;
             if (b == 0xE0) lo = 0xA0;
@@ -55,7 +58,8 @@ bool nm_utf8_validate(const uint8_t *s, size_t n, size_t *bad_offset, const char
             len = 4;
             if (b == 0xF0) lo = 0x90;
             if (b == 0xF4) hi = 0x8F;
-        } else why = "byte that cannot start a code point at or below U+10FFFF";
+        } else
+            why = "byte that cannot start a code point at or below U+10FFFF";
         if (!why) {
             if (n - i < len) {
                 /* say what the bytes that are there already mean */
@@ -63,10 +67,14 @@ bool nm_utf8_validate(const uint8_t *s, size_t n, size_t *bad_offset, const char
                 for (size_t k = 1; k < n - i; k++)
                     if (!is_continuation(s[i + k])) why = "missing continuation byte";
             } else if (s[i + 1] < lo || s[i + 1] > hi) {
-                if (!is_continuation(s[i + 1])) why = "missing continuation byte";
-                else if (b == 0xED) why = "UTF-16 surrogate (U+D800..U+DFFF)";
-                else if (b == 0xF4) why = "code point above U+10FFFF";
-                else why = "overlong encoding";
+                if (!is_continuation(s[i + 1]))
+                    why = "missing continuation byte";
+                else if (b == 0xED)
+                    why = "UTF-16 surrogate (U+D800..U+DFFF)";
+                else if (b == 0xF4)
+                    why = "code point above U+10FFFF";
+                else
+                    why = "overlong encoding";
             } else {
                 for (size_t k = 2; k < len; k++)
                     if (!is_continuation(s[i + k])) why = "missing continuation byte";

@@ -23,13 +23,17 @@ static size_t elem_bytes(nm_gguf_type t) {
     switch (t) {
     case NM_GGUF_UINT8:
     case NM_GGUF_INT8:
-    case NM_GGUF_BOOL: return 1;
+    case NM_GGUF_BOOL:
+        return 1;
     case NM_GGUF_UINT16:
-    case NM_GGUF_INT16: return 2;
+    case NM_GGUF_INT16:
+        return 2;
     case NM_GGUF_UINT32:
     case NM_GGUF_INT32:
-    case NM_GGUF_FLOAT32: return 4;
-    default: return 8;
+    case NM_GGUF_FLOAT32:
+        return 4;
+    default:
+        return 8;
     }
 }
 

@@ -17,7 +17,8 @@ static void require(int cond) {
 static uint64_t walk_value(const nm_gguf_value *v) {
     uint64_t sum = (uint64_t)v->type;
     if (v->type == NM_GGUF_STRING) {
-        for (uint64_t i = 0; i < v->v.str.len; i++) sum += (uint8_t)v->v.str.ptr[i];
+        for (uint64_t i = 0; i < v->v.str.len; i++)
+            sum += (uint8_t)v->v.str.ptr[i];
         return sum;
     }
     if (v->type != NM_GGUF_ARRAY) return sum;
@@ -75,7 +76,8 @@ static uint64_t walk(const nm_gguf *g, const uint8_t *data, size_t size) {
         size_t row_bytes;
         require(nm_dtype_row_bytes(t->type, t->ne[0], &row_bytes));
         require(row_bytes * (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]) == t->n_bytes);
-        for (uint64_t k = 0; k < t->n_bytes; k++) sum += d[k];
+        for (uint64_t k = 0; k < t->n_bytes; k++)
+            sum += d[k];
         if (c_name(t->name, name, sizeof name)) require(nm_gguf_find_tensor(g, name) == t);
     }
     return sum;

@@ -36,10 +36,14 @@ static bool valid_utf8(const uint8_t *s, size_t n) {
             i++;
             continue;
         }
-        if ((c & 0xE0) == 0xC0) len = 2, c &= 0x1F, min = 0x80;
-        else if ((c & 0xF0) == 0xE0) len = 3, c &= 0x0F, min = 0x800;
-        else if ((c & 0xF8) == 0xF0) len = 4, c &= 0x07, min = 0x10000;
-        else return false;
+        if ((c & 0xE0) == 0xC0)
+            len = 2, c &= 0x1F, min = 0x80;
+        else if ((c & 0xF0) == 0xE0)
+            len = 3, c &= 0x0F, min = 0x800;
+        else if ((c & 0xF8) == 0xF0)
+            len = 4, c &= 0x07, min = 0x10000;
+        else
+            return false;
         if (n - i < len) return false;
         for (size_t k = 1; k < len; k++) {
             if ((s[i + k] & 0xC0) != 0x80) return false;

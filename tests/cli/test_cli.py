@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The npumoe command as a user meets it: every bad argument, file or prompt
+must give exactly one line on stderr starting with 'npumoe:' and exit status
+1 (never a crash, never a silent success), and the good paths must print what
+the README promises (token ids, JSON figures, logits files, help).
+
+Usage: test_cli.py NPUMOE --vectors DIR --default-model GGUF
+Not here: numerical checks of logits (tests/ref/compare_engine.py does those).
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+passed = 0
+failed = 0
+
+
+def check(cond, what, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {what}" + (f"\n      {detail}" if detail else ""))
+
+
+def run(binary, args, stdin=None):
+    return subprocess.run([binary] + args, capture_output=True, timeout=300, input=stdin)
+
+
+def expect_error(binary, args, needle, what):
+    r = run(binary, args)
+    err = r.stderr.decode("utf-8", "replace")
+    lines = [l for l in err.splitlines() if l.strip()]
+    ok = (r.returncode == 1 and len(lines) == 1 and lines[0].startswith("npumoe: ")
+          and needle.lower() in err.lower())
+    check(ok, f"{what}: exit 1 with one line naming '{needle}'",
+          f"exit {r.returncode}, stderr {err!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("npumoe")
+    ap.add_argument("--vectors", required=True)
+    ap.add_argument("--default-model", required=True)
+    a = ap.parse_args()
+    bin_ = a.npumoe
+    tiny = os.path.join(a.vectors, "tiny-qwen3moe", "model.gguf")
+    model = a.default_model
+    tmp = tempfile.mkdtemp(prefix="nm_cli_")
+
+    # ---- help and usage ----
+    r = run(bin_, ["--help"])
+    check(r.returncode == 0 and b"run" in r.stdout and b"tokenize" in r.stdout, "--help lists commands")
+    for cmd in ["info", "tokenize", "run", "logits"]:
+        r = run(bin_, [cmd, "--help"])
+        check(r.returncode == 0 and b"--model" in r.stdout, f"{cmd} --help lists its options")
+    r = run(bin_, [])
+    check(r.returncode == 1 and b"usage" in r.stderr, "no arguments prints usage, exit 1")
+
+    # ---- bad arguments ----
+    expect_error(bin_, ["frobnicate"], "unknown command", "unknown command")
+    expect_error(bin_, ["run", "-m", model, "--bogus"], "unknown option", "unknown option")
+    expect_error(bin_, ["run", "-m", model, "-p"], "needs a value", "missing value")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "-n", "ten"], "-n-predict", "non-numeric -n")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "-n", "-3"], "n-predict", "negative -n")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "--temp", "nan"], "temp", "NaN temperature")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "--top-p", "1.5"], "top-p", "top-p above 1")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "-t", "0"], "threads", "zero threads")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "--seed", "-1"], "seed", "negative seed")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "-n", "99999999999"], "n-predict", "overflowing -n")
+    expect_error(bin_, ["info", "-m", model, "-o", "x"], "does not apply", "option of another command")
+    expect_error(bin_, ["run", "-p", "x"], "no model", "missing -m")
+    expect_error(bin_, ["run", "-m", model], "no prompt", "missing prompt")
+    expect_error(bin_, ["run", "-m", model, "-p", "x", "--tokens", "1"], "only one", "two prompts")
+    expect_error(bin_, ["run", "-m", model, "--tokens", "1 2 abc"], "token id", "bad token list")
+    expect_error(bin_, ["run", "-m", model, "--tokens", "1 999999"], "token id", "token id out of range")
+    expect_error(bin_, ["run", "-m", model, "--tokens", ""], "no token ids", "empty token list")
+    expect_error(bin_, ["logits", "-m", model, "-p", "x"], "-o", "logits without -o")
+    expect_error(bin_, ["logits", "-m", model, "-p", "x", "-o", os.path.join(tmp, "no", "such", "dir")],
+                 "cannot create", "unwritable logits path")
+    expect_error(bin_, ["run", "-m", model, "-p", "a b c d e f g h i j", "-c", "4"], "context",
+                 "prompt longer than the context")
+
+    # ---- bad files ----
+    expect_error(bin_, ["info", "-m", os.path.join(tmp, "missing.gguf")], "missing.gguf", "missing model")
+    junk = os.path.join(tmp, "junk.gguf")
+    with open(junk, "wb") as f:
+        f.write(b"this is not a gguf file at all" * 10)
+    expect_error(bin_, ["info", "-m", junk], "magic", "not a GGUF")
+    with open(tiny, "rb") as f:
+        head = f.read(5000)
+    trunc = os.path.join(tmp, "trunc.gguf")
+    with open(trunc, "wb") as f:
+        f.write(head)
+    expect_error(bin_, ["info", "-m", trunc], "trunc.gguf", "truncated GGUF")
+    vocab_only = os.path.join(a.vectors, "llama2-vocab.gguf")
+    expect_error(bin_, ["info", "-m", vocab_only], "phimoe", "unsupported architecture")
+    q8 = os.path.join(a.vectors, "tiny-qwen3moe-q-Q8_0", "model.gguf")
+    expect_error(bin_, ["info", "-m", q8], "q8_0", "quantised weights")
+    qwen_vocab = os.path.join(a.vectors, "qwen3-vocab.gguf")
+    expect_error(bin_, ["info", "-m", qwen_vocab], "token_embd.weight", "vocab-only file as a model")
+    expect_error(bin_, ["run", "-m", model, "-f", os.path.join(tmp, "none.txt")], "none.txt",
+                 "missing prompt file")
+
+    # ---- bad text ----
+    bad_utf8 = os.path.join(tmp, "bad.txt")
+    with open(bad_utf8, "wb") as f:
+        f.write(b"hello \xc3\x28 world")
+    expect_error(bin_, ["run", "-m", model, "-f", bad_utf8], "utf-8", "invalid UTF-8 prompt")
+    expect_error(bin_, ["tokenize", "-m", model, "-f", bad_utf8], "utf-8", "invalid UTF-8 to tokenize")
+    empty = os.path.join(tmp, "empty.txt")
+    open(empty, "wb").close()
+    expect_error(bin_, ["run", "-m", model, "-f", empty], "empty", "empty prompt")
+
+    # ---- good paths ----
+    r = run(bin_, ["info", "-m", tiny])
+    out = r.stdout.decode()
+    check(r.returncode == 0 and "qwen3moe" in out and "experts:" in out and "blk.0.ffn_gate_exps.weight" in out,
+          "info describes the model", out[:300])
+    r = run(bin_, ["tokenize", "-m", tiny, "-p", "Hello<|im_end|>"])
+    check(r.returncode == 0 and r.stdout.decode().strip().endswith("4098"),
+          "tokenize parses special tokens", r.stdout.decode())
+    r = run(bin_, ["tokenize", "-m", tiny, "-p", "<|im_end|>", "--no-special"])
+    check(r.returncode == 0 and "4098" not in r.stdout.decode().split(), "--no-special keeps text",
+          r.stdout.decode())
+
+    r = run(bin_, ["run", "-m", model, "-p", "Once upon a time", "-n", "8", "--temp", "0"])
+    err = r.stderr.decode()
+    check(r.returncode == 0 and all(k in err for k in ["prompt tokens", "TTFT", "prefill", "decode", "peak memory"]),
+          "run prints its statistics", err)
+
+    js = []
+    for seed in ["5", "5", "6"]:
+        r = run(bin_, ["run", "-m", model, "-p", "Once upon a time", "-n", "12", "--temp", "1.5",
+                       "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", seed, "--json"])
+        try:
+            js.append(json.loads(r.stdout))
+        except ValueError:
+            js.append({})
+            check(False, "run --json prints one JSON object", r.stdout[:300])
+    keys = ["prompt_tokens", "ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mib",
+            "text", "prompt_ids", "generated_ids"]
+    check(all(k in js[0] for k in keys), "JSON has every figure", str(js[0])[:300])
+    check(js[0].get("generated_ids") == js[1].get("generated_ids"), "same seed, same tokens")
+    check(js[0].get("generated_ids") != js[2].get("generated_ids"), "another seed, other tokens")
+    check(len(js[0].get("generated_ids", [])) == 12, "-n 12 generates 12 tokens")
+    r = run(bin_, ["tokenize", "-m", model, "-p", "Once upon a time"])
+    check([int(x) for x in r.stdout.split()] == js[0].get("prompt_ids"), "prompt_ids match tokenize")
+
+    lpath = os.path.join(tmp, "l.f32")
+    r = run(bin_, ["logits", "-m", tiny, "--tokens", "1 2 3", "-o", lpath, "--all"])
+    check(r.returncode == 0 and os.path.getsize(lpath) == 3 * 4099 * 4, "logits --all size")
+    with open(lpath, "rb") as f:
+        all_rows = f.read()
+    r = run(bin_, ["logits", "-m", tiny, "--tokens", "1 2 3", "-o", lpath])
+    with open(lpath, "rb") as f:
+        last = f.read()
+    check(r.returncode == 0 and last == all_rows[2 * 4099 * 4:], "last row equals the last of --all")
+    vals = struct.unpack(f"<{4099}f", last)
+    check(all(v == v and abs(v) < 1e30 for v in vals), "logits are finite")
+
+    print(f"test_cli: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
