@@ -17,13 +17,13 @@ extern "C" {
  * nm_status_str(). */
 typedef enum nm_status {
     NM_OK = 0,
-    NM_ERR_INVALID_ARG,  /* a caller-supplied value is out of its domain      */
-    NM_ERR_IO,           /* a file could not be opened, read, mapped, written */
-    NM_ERR_FORMAT,       /* a file or text is malformed or lies about itself  */
-    NM_ERR_UNSUPPORTED,  /* well-formed but not supported (type, arch, ...)   */
-    NM_ERR_NOT_FOUND,    /* a required key, tensor or token is absent         */
-    NM_ERR_NOMEM,        /* an allocation failed                              */
-    NM_ERR_CAPACITY,     /* a fixed size (context, buffer) would be exceeded  */
+    NM_ERR_INVALID_ARG, /* a caller-supplied value is out of its domain      */
+    NM_ERR_IO,          /* a file could not be opened, read, mapped, written */
+    NM_ERR_FORMAT,      /* a file or text is malformed or lies about itself  */
+    NM_ERR_UNSUPPORTED, /* well-formed but not supported (type, arch, ...)   */
+    NM_ERR_NOT_FOUND,   /* a required key, tensor or token is absent         */
+    NM_ERR_NOMEM,       /* an allocation failed                              */
+    NM_ERR_CAPACITY,    /* a fixed size (context, buffer) would be exceeded  */
     NM_STATUS_COUNT
 } nm_status;
 
@@ -47,23 +47,23 @@ typedef struct nm_model_params {
 nm_model_params nm_model_default_params(void);
 
 /* Maps the GGUF file read-only and validates it completely. */
-nm_status nm_model_load(const char *path, const nm_model_params *params,
-                        nm_model **out, nm_error *err);
+nm_status nm_model_load(const char *path, const nm_model_params *params, nm_model **out,
+                        nm_error *err);
 void nm_model_free(nm_model *model);
 
 /* A few facts a caller needs; the rest is printed by nm_model_describe(). */
 typedef struct nm_model_info {
-    const char *arch;       /* "qwen3moe", ...                 */
+    const char *arch; /* "qwen3moe", ...                 */
     int32_t n_vocab;
     int32_t n_ctx_train;
     int32_t n_layer;
     int32_t n_embd;
     int32_t n_expert;
     int32_t n_expert_used;
-    int32_t bos_id;         /* -1 when the file has none */
-    int32_t eos_id;         /* -1 when the file has none */
+    int32_t bos_id; /* -1 when the file has none */
+    int32_t eos_id; /* -1 when the file has none */
     bool add_bos;
-    uint64_t weight_bytes;  /* bytes of all tensors in the file */
+    uint64_t weight_bytes; /* bytes of all tensors in the file */
 } nm_model_info;
 
 void nm_model_get_info(const nm_model *model, nm_model_info *out);
@@ -78,15 +78,14 @@ void nm_model_describe(const nm_model *model, void *file);
  * special-token text such as <|im_start|> becomes its id. BOS is added when
  * add_bos is true and the vocabulary has one. On NM_ERR_CAPACITY *n_out holds
  * the number of ids needed. Text that is not valid UTF-8 is NM_ERR_FORMAT. */
-nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes,
-                      bool add_bos, bool parse_special, int32_t *ids,
-                      size_t cap, size_t *n_out, nm_error *err);
+nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_bos,
+                      bool parse_special, int32_t *ids, size_t cap, size_t *n_out, nm_error *err);
 
 /* The bytes of one token (control tokens render as empty unless
  * render_special). Returns the byte count, which may exceed cap (then
  * nothing beyond cap was written), or -1 for an id out of range. */
-int32_t nm_token_to_piece(const nm_model *model, int32_t id,
-                          bool render_special, char *buf, size_t cap);
+int32_t nm_token_to_piece(const nm_model *model, int32_t id, bool render_special, char *buf,
+                          size_t cap);
 
 /* Whether a token ends generation (end of sequence/turn/text). */
 bool nm_token_is_eog(const nm_model *model, int32_t id);
@@ -103,8 +102,8 @@ typedef struct nm_session_params {
 
 nm_session_params nm_session_default_params(void);
 
-nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
-                         nm_session **out, nm_error *err);
+nm_status nm_session_new(const nm_model *model, const nm_session_params *params, nm_session **out,
+                         nm_error *err);
 void nm_session_free(nm_session *session);
 
 /* Forgets every cached position. */
@@ -113,30 +112,34 @@ void nm_session_reset(nm_session *session);
 /* Number of positions in the KV cache. */
 int32_t nm_session_n_past(const nm_session *session);
 
+/* The session's context size (positions) and its model's vocabulary size. */
+int32_t nm_session_n_ctx(const nm_session *session);
+int32_t nm_session_n_vocab(const nm_session *session);
+
 /* Appends n tokens to the cache, processing them in batches of n_batch
  * (each batch layer by layer). When logits is non-NULL it receives
  * [n][n_vocab] logits if all_logits, else [n_vocab] for the last token. */
-nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n,
-                          float *logits, bool all_logits, nm_error *err);
+nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, float *logits,
+                          bool all_logits, nm_error *err);
 
 /* ---- sampling ----------------------------------------------------------------- */
 
 typedef struct nm_sampler nm_sampler;
 
 typedef struct nm_sampler_params {
-    float temperature;    /* 0 = greedy (argmax, ties to the lowest id) */
-    int32_t top_k;        /* 0 = off                                    */
-    float top_p;          /* 1 = off                                    */
-    float min_p;          /* 0 = off                                    */
-    float repeat_penalty; /* 1 = off                                    */
-    int32_t repeat_last_n;/* window for the penalty                     */
+    float temperature;     /* 0 = greedy (argmax, ties to the lowest id) */
+    int32_t top_k;         /* 0 = off                                    */
+    float top_p;           /* 1 = off                                    */
+    float min_p;           /* 0 = off                                    */
+    float repeat_penalty;  /* 1 = off                                    */
+    int32_t repeat_last_n; /* window for the penalty                     */
     uint64_t seed;
 } nm_sampler_params;
 
 nm_sampler_params nm_sampler_default_params(void);
 
-nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab,
-                         nm_sampler **out, nm_error *err);
+nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab, nm_sampler **out,
+                         nm_error *err);
 void nm_sampler_free(nm_sampler *sampler);
 
 /* Records a token in the penalty window (prompt and generated tokens). */

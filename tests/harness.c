@@ -7,8 +7,7 @@ int nm_test_failures = 0;
 int nm_test_checks = 0;
 
 int nm_test_finish(const char *name) {
-    printf("%s: %d passed, %d failed\n", name, nm_test_checks - nm_test_failures,
-           nm_test_failures);
+    printf("%s: %d passed, %d failed\n", name, nm_test_checks - nm_test_failures, nm_test_failures);
     return nm_test_failures == 0 ? 0 : 1;
 }
 

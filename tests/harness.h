@@ -10,35 +10,35 @@
 extern int nm_test_failures;
 extern int nm_test_checks;
 
-#define CHECK(cond)                                                               \
-    do {                                                                          \
-        nm_test_checks++;                                                         \
-        if (!(cond)) {                                                            \
-            nm_test_failures++;                                                   \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                         \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        nm_test_checks++;                                                                          \
+        if (!(cond)) {                                                                             \
+            nm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_INT_EQ(a, b)                                                        \
-    do {                                                                          \
-        long long va_ = (long long)(a), vb_ = (long long)(b);                     \
-        nm_test_checks++;                                                         \
-        if (va_ != vb_) {                                                         \
-            nm_test_failures++;                                                   \
-            fprintf(stderr, "%s:%d: %s == %s failed: %lld != %lld\n", __FILE__,   \
-                    __LINE__, #a, #b, va_, vb_);                                  \
-        }                                                                         \
+#define CHECK_INT_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        long long va_ = (long long)(a), vb_ = (long long)(b);                                      \
+        nm_test_checks++;                                                                          \
+        if (va_ != vb_) {                                                                          \
+            nm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: %s == %s failed: %lld != %lld\n", __FILE__, __LINE__, #a, #b,  \
+                    va_, vb_);                                                                     \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_NEAR(a, b, tol)                                                     \
-    do {                                                                          \
-        double va_ = (double)(a), vb_ = (double)(b);                              \
-        nm_test_checks++;                                                         \
-        if (!(va_ - vb_ <= (tol) && vb_ - va_ <= (tol))) {                        \
-            nm_test_failures++;                                                   \
-            fprintf(stderr, "%s:%d: |%s - %s| <= %g failed: %.9g vs %.9g\n",     \
-                    __FILE__, __LINE__, #a, #b, (double)(tol), va_, vb_);         \
-        }                                                                         \
+#define CHECK_NEAR(a, b, tol)                                                                      \
+    do {                                                                                           \
+        double va_ = (double)(a), vb_ = (double)(b);                                               \
+        nm_test_checks++;                                                                          \
+        if (!(va_ - vb_ <= (tol) && vb_ - va_ <= (tol))) {                                         \
+            nm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: |%s - %s| <= %g failed: %.9g vs %.9g\n", __FILE__, __LINE__,   \
+                    #a, #b, (double)(tol), va_, vb_);                                              \
+        }                                                                                          \
     } while (0)
 
 /* Prints "<name>: N passed, M failed" and returns the exit status. */

@@ -32,7 +32,7 @@ static void test_conversions(void) {
     CHECK(nm_f16_to_f32(0xc000) == -2.0f);
     CHECK(nm_f16_to_f32(0x0001) == 0x1.0p-24f);
     CHECK(nm_f16_to_f32(0x7bff) == 65504.0f);
-    CHECK_INT_EQ(nm_f32_to_f16(65520.0f), 0x7c00);       /* rounds to infinity */
+    CHECK_INT_EQ(nm_f32_to_f16(65520.0f), 0x7c00);          /* rounds to infinity */
     CHECK_INT_EQ(nm_f32_to_f16(1.0f + 0x1.0p-11f), 0x3c00); /* tie to even */
     CHECK_INT_EQ(nm_f32_to_f16(1.0f + 0x1.8p-11f), 0x3c01);
     CHECK(nm_bf16_to_f32(0x3f80) == 1.0f);
@@ -52,9 +52,12 @@ static void test_matmul_type(uint32_t type, int64_t m, int64_t n, int64_t k) {
         if (type == NM_DTYPE_F32) memcpy(w + 4 * i, &v, 4);
         uint16_t h = type == NM_DTYPE_F16 ? nm_f32_to_f16(v) : nm_f32_to_bf16(v);
         if (type != NM_DTYPE_F32) memcpy(w + 2 * i, &h, 2);
-        wf[i] = type == NM_DTYPE_F32 ? v : type == NM_DTYPE_F16 ? nm_f16_to_f32(h) : nm_bf16_to_f32(h);
+        wf[i] = type == NM_DTYPE_F32   ? v
+                : type == NM_DTYPE_F16 ? nm_f16_to_f32(h)
+                                       : nm_bf16_to_f32(h);
     }
-    for (int64_t i = 0; i < m * k; i++) x[i] = frand();
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = frand();
     nm_mat mat = {.data = w, .type = type, .n = n, .k = k, .row_bytes = (size_t)k * esz};
     nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
     double worst = 0;
@@ -94,9 +97,11 @@ static void test_matmul(void) {
 
 static void test_elementwise(void) {
     float x[8], y[8], w[8];
-    for (int i = 0; i < 8; i++) x[i] = 3.0f, w[i] = (float)i;
+    for (int i = 0; i < 8; i++)
+        x[i] = 3.0f, w[i] = (float)i;
     nm_rmsnorm_forward(x, w, y, 8, 1e-6f);
-    for (int i = 0; i < 8; i++) CHECK_NEAR(y[i], 3.0 / sqrt(9.0 + 1e-6) * i, 1e-6);
+    for (int i = 0; i < 8; i++)
+        CHECK_NEAR(y[i], 3.0 / sqrt(9.0 + 1e-6) * i, 1e-6);
     nm_rmsnorm_forward(x, NULL, x, 8, 0.0f); /* in place, no weight */
     CHECK_NEAR(x[5], 1.0, 1e-7);
 
@@ -118,9 +123,11 @@ static void test_elementwise(void) {
 static void test_rope(void) {
     /* 2 heads of 8: pairs (i, i+4); position 0 is the identity */
     float v[16], orig[16];
-    for (int i = 0; i < 16; i++) orig[i] = v[i] = frand();
+    for (int i = 0; i < 16; i++)
+        orig[i] = v[i] = frand();
     nm_rope_neox_forward(v, 2, 8, 8, 0, 10000.0f);
-    for (int i = 0; i < 16; i++) CHECK(v[i] == orig[i]);
+    for (int i = 0; i < 16; i++)
+        CHECK(v[i] == orig[i]);
     /* position p rotates pair i by p * base^(-2i/n_rot) */
     const int pos = 7;
     nm_rope_neox_forward(v, 2, 8, 8, pos, 10000.0f);
@@ -137,21 +144,25 @@ static void test_attention(void) {
     /* 4 query heads share 2 kv heads of 2 dims; 3 cached positions */
     enum { NH = 4, NKV = 2, HD = 2, T = 3 };
     float q[NH * HD], k[T * NKV * HD], v[T * NKV * HD], out[NH * HD], scores[T];
-    for (int i = 0; i < NH * HD; i++) q[i] = frand();
-    for (int i = 0; i < T * NKV * HD; i++) k[i] = frand(), v[i] = frand();
+    for (int i = 0; i < NH * HD; i++)
+        q[i] = frand();
+    for (int i = 0; i < T * NKV * HD; i++)
+        k[i] = frand(), v[i] = frand();
     nm_attention_forward(q, k, v, NKV * HD, T, NH, NKV, HD, 0.5f, out, scores);
     for (int h = 0; h < NH; h++) {
         const int kvh = h / (NH / NKV);
         double w[T], sum = 0;
         for (int t = 0; t < T; t++) {
             double d = 0;
-            for (int j = 0; j < HD; j++) d += (double)q[h * HD + j] * k[t * NKV * HD + kvh * HD + j];
+            for (int j = 0; j < HD; j++)
+                d += (double)q[h * HD + j] * k[t * NKV * HD + kvh * HD + j];
             w[t] = exp(0.5 * d);
             sum += w[t];
         }
         for (int j = 0; j < HD; j++) {
             double ref = 0;
-            for (int t = 0; t < T; t++) ref += w[t] / sum * v[t * NKV * HD + kvh * HD + j];
+            for (int t = 0; t < T; t++)
+                ref += w[t] / sum * v[t * NKV * HD + kvh * HD + j];
             CHECK_NEAR(out[h * HD + j], ref, 1e-6);
         }
     }
@@ -171,7 +182,8 @@ static void pool_task(void *p, int i, int thread) {
     atomic_fetch_add(&c->hits[i], 1);
     atomic_fetch_or(&c->threads_seen, 1 << thread);
     double sink = 0; /* uneven work */
-    for (int j = 0; j < (i % 7) * 1000; j++) sink += j;
+    for (int j = 0; j < (i % 7) * 1000; j++)
+        sink += j;
     c->work[i] = sink;
 }
 
@@ -181,10 +193,12 @@ static void test_pool(void) {
     CHECK_INT_EQ(nm_pool_new(3, &pool, &err), NM_OK);
     static pool_ctx c;
     for (int round = 0; round < 50; round++) {
-        for (int i = 0; i < 1000; i++) atomic_store(&c.hits[i], 0);
+        for (int i = 0; i < 1000; i++)
+            atomic_store(&c.hits[i], 0);
         nm_pool_run(pool, pool_task, &c, 1000);
         int bad = 0;
-        for (int i = 0; i < 1000; i++) bad += atomic_load(&c.hits[i]) != 1;
+        for (int i = 0; i < 1000; i++)
+            bad += atomic_load(&c.hits[i]) != 1;
         CHECK_INT_EQ(bad, 0);
     }
     CHECK(c.work[6] == 5999.0 * 6000.0 / 2.0);

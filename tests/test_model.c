@@ -30,7 +30,8 @@ static int read_ints(const char *path, int line_no, int32_t *out, int cap) {
         if (end == line) break;
         out[n++] = (int32_t)v;
         line = end;
-        while (*line == ' ') line++;
+        while (*line == ' ')
+            line++;
     }
     free(text);
     return n;
@@ -59,8 +60,8 @@ static double compare_prompt(int p, const float *all_logits, int n, int n_vocab)
     CHECK_INT_EQ(n_bytes, (size_t)n_pos * n_vocab * sizeof(float));
     double worst = 0;
     for (int r = 0; r < n_pos && pos[r] < n; r++) {
-        double e = row_rel_err(all_logits + (size_t)pos[r] * n_vocab, gold + (size_t)r * n_vocab,
-                               n_vocab);
+        double e =
+            row_rel_err(all_logits + (size_t)pos[r] * n_vocab, gold + (size_t)r * n_vocab, n_vocab);
         if (e > worst) worst = e;
     }
     free(gold);
@@ -115,8 +116,8 @@ int main(void) {
             st = nm_session_eval(s, ids, n, logits, true, &err);
             CHECK_INT_EQ(st, NM_OK);
             double e = compare_prompt(p, logits, n, nv);
-            printf("prompt %d (%d tokens) batch %d threads %d: max rel %.3g\n", p, n,
-                   configs[c][0], configs[c][1], e);
+            printf("prompt %d (%d tokens) batch %d threads %d: max rel %.3g\n", p, n, configs[c][0],
+                   configs[c][1], e);
             CHECK(e < 1e-5);
             nm_session_free(s);
         }
@@ -126,7 +127,8 @@ int main(void) {
         const int half = n / 2;
         if (half > 0) CHECK_INT_EQ(nm_session_eval(s, ids, half, split, true, &err), NM_OK);
         for (int t = half; t < n; t++)
-            CHECK_INT_EQ(nm_session_eval(s, ids + t, 1, split + (size_t)t * nv, false, &err), NM_OK);
+            CHECK_INT_EQ(nm_session_eval(s, ids + t, 1, split + (size_t)t * nv, false, &err),
+                         NM_OK);
         double e = compare_prompt(p, split, n, nv);
         printf("prompt %d split %d + %d x 1: max rel %.3g\n", p, half, n - half, e);
         CHECK(e < 1e-5);
@@ -138,7 +140,8 @@ int main(void) {
         int same = 0;
         for (int g = 0; g < N_GREEDY; g++) {
             same += next == want[g];
-            if (next != want[g]) fprintf(stderr, "prompt %d greedy %d: %d != %d\n", p, g, next, want[g]);
+            if (next != want[g])
+                fprintf(stderr, "prompt %d greedy %d: %d != %d\n", p, g, next, want[g]);
             if (g + 1 < N_GREEDY) {
                 CHECK_INT_EQ(nm_session_eval(s, &next, 1, logits, false, &err), NM_OK);
                 next = argmax(logits, nv);

@@ -34,12 +34,14 @@ static void check_freq(nm_sampler_params p, const float *logits, int n, const do
     nm_sampler *s = make(p, n);
     if (!s) return;
     int count[16] = {0};
-    for (int i = 0; i < N_DRAWS; i++) count[nm_sampler_sample(s, logits)]++;
+    for (int i = 0; i < N_DRAWS; i++)
+        count[nm_sampler_sample(s, logits)]++;
     for (int i = 0; i < n; i++) {
         double f = (double)count[i] / N_DRAWS;
         /* 5 standard deviations of a binomial proportion, at least 1e-3 */
         double tol = 5 * sqrt(want[i] * (1 - want[i]) / N_DRAWS) + 1e-3;
-        if (fabs(f - want[i]) > tol) fprintf(stderr, "%s: token %d freq %.4f want %.4f\n", what, i, f, want[i]);
+        if (fabs(f - want[i]) > tol)
+            fprintf(stderr, "%s: token %d freq %.4f want %.4f\n", what, i, f, want[i]);
         CHECK_NEAR(f, want[i], tol);
     }
     nm_sampler_free(s);
@@ -48,7 +50,8 @@ static void check_freq(nm_sampler_params p, const float *logits, int n, const do
 int main(void) {
     const float probs[4] = {0.1f, 0.2f, 0.3f, 0.4f};
     float logits[4];
-    for (int i = 0; i < 4; i++) logits[i] = logf(probs[i]) + 3.0f; /* shift must not matter */
+    for (int i = 0; i < 4; i++)
+        logits[i] = logf(probs[i]) + 3.0f; /* shift must not matter */
 
     /* greedy, ties to the lowest id */
     nm_sampler_params g = plain();
@@ -109,7 +112,8 @@ int main(void) {
         nm_sampler_params p = plain();
         p.seed = seeds[run];
         s = make(p, 4);
-        for (int i = 0; i < 64; i++) ((int32_t *)runs[run])[i] = nm_sampler_sample(s, logits);
+        for (int i = 0; i < 64; i++)
+            ((int32_t *)runs[run])[i] = nm_sampler_sample(s, logits);
         nm_sampler_free(s);
     }
     CHECK(memcmp(a, b, sizeof a) == 0);

@@ -10,9 +10,9 @@
 #include <stdint.h>
 
 /* Programmer errors: always checked, abort with file:line. */
-#define NM_ASSERT(cond)                                                        \
-    do {                                                                       \
-        if (!(cond)) nm_assert_fail(#cond, __FILE__, __LINE__);                \
+#define NM_ASSERT(cond)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) nm_assert_fail(#cond, __FILE__, __LINE__);                                    \
     } while (0)
 
 _Noreturn void nm_assert_fail(const char *cond, const char *file, int line);
@@ -22,14 +22,16 @@ _Noreturn void nm_assert_fail(const char *cond, const char *file, int line);
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-nm_status nm_errorf(nm_error *err, nm_status status, const char *fmt, ...);
+nm_status
+nm_errorf(nm_error *err, nm_status status, const char *fmt, ...);
 
 /* Prefixes err->msg with "context: " (for adding the file or tensor name as
  * an error travels up). Returns err->status (NM_OK if err is NULL). */
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-nm_status nm_error_prefix(nm_error *err, const char *fmt, ...);
+nm_status
+nm_error_prefix(nm_error *err, const char *fmt, ...);
 
 /* All heap memory of the library goes through these. nm_malloc returns NULL
  * on failure (and when a test's failure injection says so). */

@@ -17,11 +17,11 @@ typedef struct candidate {
 struct nm_sampler {
     nm_sampler_params p;
     int32_t n_vocab;
-    candidate *cand;  /* [n_vocab] */
-    int32_t *recent;  /* [repeat_last_n] ring of accepted tokens */
+    candidate *cand; /* [n_vocab] */
+    int32_t *recent; /* [repeat_last_n] ring of accepted tokens */
     int32_t n_recent;
     int32_t recent_head;
-    uint64_t s[4];    /* xoshiro256** state */
+    uint64_t s[4]; /* xoshiro256** state */
 };
 
 nm_sampler_params nm_sampler_default_params(void) {
@@ -68,7 +68,8 @@ nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab, nm_sa
     nm_sampler_params p = params ? *params : nm_sampler_default_params();
     if (n_vocab < 1) return nm_errorf(err, NM_ERR_INVALID_ARG, "vocabulary size %d", n_vocab);
     if (!(p.temperature >= 0.0f) || !isfinite(p.temperature))
-        return nm_errorf(err, NM_ERR_INVALID_ARG, "temperature %g must be >= 0", (double)p.temperature);
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "temperature %g must be >= 0",
+                         (double)p.temperature);
     if (p.top_k < 0) return nm_errorf(err, NM_ERR_INVALID_ARG, "top-k %d must be >= 0", p.top_k);
     if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
         return nm_errorf(err, NM_ERR_INVALID_ARG, "top-p %g must be in (0, 1]", (double)p.top_p);
@@ -91,7 +92,8 @@ nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab, nm_sa
     s->p = p;
     s->n_vocab = n_vocab;
     uint64_t x = p.seed;
-    for (int i = 0; i < 4; i++) s->s[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++)
+        s->s[i] = splitmix64(&x);
     *out = s;
     return NM_OK;
 }
@@ -124,30 +126,37 @@ static void select_top(candidate *c, int32_t n, int32_t k) {
         candidate pivot = c[lo + (hi - lo) / 2];
         int32_t i = lo, j = hi;
         while (i <= j) {
-            while (by_logit_desc(&c[i], &pivot) < 0) i++;
-            while (by_logit_desc(&c[j], &pivot) > 0) j--;
+            while (by_logit_desc(&c[i], &pivot) < 0)
+                i++;
+            while (by_logit_desc(&c[j], &pivot) > 0)
+                j--;
             if (i <= j) {
                 candidate t = c[i];
                 c[i++] = c[j];
                 c[j--] = t;
             }
         }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else return;
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            return;
     }
 }
 
 int32_t nm_sampler_sample(nm_sampler *s, const float *logits) {
     const int32_t n_vocab = s->n_vocab;
-    for (int32_t i = 0; i < n_vocab; i++) s->cand[i] = (candidate){i, logits[i]};
+    for (int32_t i = 0; i < n_vocab; i++)
+        s->cand[i] = (candidate){i, logits[i]};
     if (s->p.repeat_penalty != 1.0f) {
         for (int32_t r = 0; r < s->n_recent; r++) {
             const int32_t id = s->recent[r];
             if (id < 0 || id >= n_vocab) continue;
             /* a token repeated in the window is penalised once, as llama.cpp does */
             bool seen = false;
-            for (int32_t q = 0; q < r; q++) seen |= s->recent[q] == id;
+            for (int32_t q = 0; q < r; q++)
+                seen |= s->recent[q] == id;
             if (seen) continue;
             float *l = &s->cand[id].logit;
             *l = *l > 0.0f ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
@@ -168,7 +177,8 @@ int32_t nm_sampler_sample(nm_sampler *s, const float *logits) {
     /* probabilities at temperature 1 drive top-p and min-p, as in llama.cpp */
     const float max = s->cand[0].logit;
     double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) sum += exp((double)s->cand[i].logit - max);
+    for (int32_t i = 0; i < n; i++)
+        sum += exp((double)s->cand[i].logit - max);
     if (s->p.top_p < 1.0f) {
         double cum = 0.0;
         for (int32_t i = 0; i < n; i++) {
@@ -183,7 +193,8 @@ int32_t nm_sampler_sample(nm_sampler *s, const float *logits) {
         /* keep tokens whose probability is at least min_p times the best's */
         const double floor_logit = max + log((double)s->p.min_p);
         int32_t keep = 1;
-        while (keep < n && s->cand[keep].logit >= floor_logit) keep++;
+        while (keep < n && s->cand[keep].logit >= floor_logit)
+            keep++;
         n = keep;
     }
     double total = 0.0;

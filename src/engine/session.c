@@ -20,8 +20,8 @@ nm_session_params nm_session_default_params(void) {
     return p;
 }
 
-nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
-                         nm_session **out, nm_error *err) {
+nm_status nm_session_new(const nm_model *model, const nm_session_params *params, nm_session **out,
+                         nm_error *err) {
     *out = NULL;
     nm_session_params p = params ? *params : nm_session_default_params();
     if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
@@ -53,9 +53,11 @@ void nm_session_reset(nm_session *session) { session->n_past = 0; }
 
 int32_t nm_session_n_past(const nm_session *session) { return session->n_past; }
 
-size_t nm_session_bytes(const nm_session *session) {
-    return nm_model_state_bytes(session->state);
-}
+int32_t nm_session_n_ctx(const nm_session *session) { return nm_model_state_n_ctx(session->state); }
+
+int32_t nm_session_n_vocab(const nm_session *session) { return session->model->hp.n_vocab; }
+
+size_t nm_session_bytes(const nm_session *session) { return nm_model_state_bytes(session->state); }
 
 nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, float *logits,
                           bool all_logits, nm_error *err) {
@@ -71,8 +73,10 @@ nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, fl
         const int32_t nb = n - done < n_batch ? n - done : n_batch;
         const bool last = done + nb == n;
         float *out = NULL;
-        if (logits && all_logits) out = logits + (size_t)done * n_vocab;
-        else if (logits && last) out = logits;
+        if (logits && all_logits)
+            out = logits + (size_t)done * n_vocab;
+        else if (logits && last)
+            out = logits;
         nm_status st = nm_model_forward(session->model, session->state, ids + done, nb,
                                         session->n_past, out, all_logits, err);
         if (st != NM_OK) return st;
@@ -83,8 +87,7 @@ nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, fl
 }
 
 nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_bos,
-                      bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
-                      nm_error *err) {
+                      bool parse_special, int32_t *ids, size_t cap, size_t *n_out, nm_error *err) {
     return nm_tokenizer_encode(model->tok, text, n_bytes, add_bos, parse_special, ids, cap, n_out,
                                err);
 }

@@ -67,12 +67,12 @@ typedef struct nm_gguf_kv {
 
 typedef struct nm_gguf_tensor {
     nm_gguf_str name;
-    uint32_t type;     /* ggml type id (tensor/tensor.h nm_dtype) */
-    uint32_t n_dims;   /* 1..4 */
-    int64_t ne[4];     /* ne[0] is the contiguous dimension; unused dims are 1 */
-    uint64_t offset;   /* from the start of the data section */
-    uint64_t n_bytes;  /* exact size from type and dims */
-    const void *data;  /* into the mapping */
+    uint32_t type;    /* ggml type id (tensor/tensor.h nm_dtype) */
+    uint32_t n_dims;  /* 1..4 */
+    int64_t ne[4];    /* ne[0] is the contiguous dimension; unused dims are 1 */
+    uint64_t offset;  /* from the start of the data section */
+    uint64_t n_bytes; /* exact size from type and dims */
+    const void *data; /* into the mapping */
 } nm_gguf_tensor;
 
 typedef struct nm_gguf nm_gguf;
@@ -83,8 +83,7 @@ nm_status nm_gguf_open(const char *path, nm_gguf **out, nm_error *err);
 
 /* Same over memory the caller keeps alive until nm_gguf_close (fuzzing,
  * tests). */
-nm_status nm_gguf_open_memory(const void *data, size_t n_bytes, nm_gguf **out,
-                              nm_error *err);
+nm_status nm_gguf_open_memory(const void *data, size_t n_bytes, nm_gguf **out, nm_error *err);
 
 void nm_gguf_close(nm_gguf *gguf);
 
@@ -147,16 +146,15 @@ nm_status nm_gguf_writer_set_str(nm_gguf_writer *w, const char *key, const char 
  * little-endian). */
 nm_status nm_gguf_writer_set_arr(nm_gguf_writer *w, const char *key, nm_gguf_type elem,
                                  const void *data, uint64_t n);
-nm_status nm_gguf_writer_set_arr_str(nm_gguf_writer *w, const char *key,
-                                     const char *const *strs, uint64_t n);
+nm_status nm_gguf_writer_set_arr_str(nm_gguf_writer *w, const char *key, const char *const *strs,
+                                     uint64_t n);
 /* Any value, laid out as the reader returns it (so a kv read from one file
  * copies into another): every scalar width, strings holding any bytes,
  * arrays of strings (arr.data an nm_gguf_str[n]) and arrays of arrays
  * (arr.data an nm_gguf_value[n] of ARRAY values), nested at most 8 deep.
  * NM_ERR_INVALID_ARG for a value the reader would refuse (unknown type,
  * integer out of its type's range, bool element not 0/1, too deep). */
-nm_status nm_gguf_writer_set_value(nm_gguf_writer *w, const char *key,
-                                   const nm_gguf_value *value);
+nm_status nm_gguf_writer_set_value(nm_gguf_writer *w, const char *key, const nm_gguf_value *value);
 
 /* dims as ggml orders them: ne[0] contiguous. n_bytes must equal the size
  * implied by type and dims. */

@@ -46,7 +46,7 @@ void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n);
  * own position); out: [n_head][head_dim]; scores: scratch [n_kv].
  * Query head h reads kv head h / (n_head / n_head_kv). */
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
-                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                          int head_dim, float scale, float *out, float *scores);
+                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
+                          float scale, float *out, float *scores);
 
 #endif /* NM_KERNELS_H */

@@ -15,18 +15,18 @@ struct nm_model_state {
     int32_t n_batch;
     nm_pool *pool;
     size_t n_bytes;
-    float *k_cache;  /* [n_layer][n_ctx][n_head_kv * head_dim] */
-    float *v_cache;  /* [n_layer][n_ctx][n_head_kv * head_dim] */
-    float *x;        /* [n_batch][n_embd] residual stream       */
-    float *xn;       /* [n_batch][n_embd] normed input of a block */
-    float *q;        /* [n_batch][n_head * head_dim]            */
-    float *att;      /* [n_batch][n_head * head_dim]            */
-    float *proj;     /* [n_batch][n_embd] block output          */
-    float *scores;   /* [n_threads][n_ctx] attention scratch    */
-    float *router;   /* [n_batch][n_expert] router logits       */
-    float *probs;    /* [n_expert] routing scratch              */
-    int32_t *ids;    /* [n_batch][k] chosen experts             */
-    float *weights;  /* [n_batch][k] their weights              */
+    float *k_cache; /* [n_layer][n_ctx][n_head_kv * head_dim] */
+    float *v_cache; /* [n_layer][n_ctx][n_head_kv * head_dim] */
+    float *x;       /* [n_batch][n_embd] residual stream       */
+    float *xn;      /* [n_batch][n_embd] normed input of a block */
+    float *q;       /* [n_batch][n_head * head_dim]            */
+    float *att;     /* [n_batch][n_head * head_dim]            */
+    float *proj;    /* [n_batch][n_embd] block output          */
+    float *scores;  /* [n_threads][n_ctx] attention scratch    */
+    float *router;  /* [n_batch][n_expert] router logits       */
+    float *probs;   /* [n_expert] routing scratch              */
+    int32_t *ids;   /* [n_batch][k] chosen experts             */
+    float *weights; /* [n_batch][k] their weights              */
     nm_moe_scratch *moe;
 };
 
@@ -46,7 +46,8 @@ nm_status nm_model_state_new(const nm_model *m, int32_t n_ctx, int32_t n_batch, 
                              nm_model_state **out, nm_error *err) {
     *out = NULL;
     const nm_hparams *hp = &m->hp;
-    if (n_ctx < 1) return nm_errorf(err, NM_ERR_INVALID_ARG, "context size %d must be at least 1", n_ctx);
+    if (n_ctx < 1)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "context size %d must be at least 1", n_ctx);
     if (n_batch < 1)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "batch size %d must be at least 1", n_batch);
     if (n_batch > n_ctx) n_batch = n_ctx; /* a batch never holds more than the context */
@@ -134,8 +135,8 @@ static void matmul_task(void *p, int i, int thread) {
 }
 
 /* y[m][N] = x[m][K] W^T over the pool. */
-static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
-                   float *y, int64_t ldy) {
+static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                   int64_t ldy) {
     const int64_t n_threads = nm_pool_n_threads(pool);
     int64_t tile = (w->n + 4 * n_threads - 1) / (4 * n_threads);
     if (tile < 16) tile = 16;
@@ -158,9 +159,8 @@ static void attention_task(void *p, int i, int thread) {
     const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     nm_attention_forward(c->st->q + i * q_dim, c->k_cache, c->v_cache, kv_dim, c->n_past + i + 1,
-                         hp->n_head, hp->n_head_kv, hp->head_dim,
-                         1.0f / sqrtf((float)hp->head_dim), c->st->att + i * q_dim,
-                         c->st->scores + (size_t)thread * c->st->n_ctx);
+                         hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim),
+                         c->st->att + i * q_dim, c->st->scores + (size_t)thread * c->st->n_ctx);
 }
 
 /* x += Wo · attention(rope(norm_h(Wq xn)), rope(norm_h(Wk xn)), Wv xn), xn = rmsnorm(x). */
@@ -193,10 +193,12 @@ static void attention_block(const nm_model *m, nm_model_state *st, int il, int32
         nm_rope_neox_forward(kt, hp->n_head_kv, hp->head_dim, hp->n_rot, n_past + t,
                              hp->rope_freq_base);
     }
-    attention_ctx c = {.hp = hp, .st = st, .k_cache = k_layer, .v_cache = v_layer, .n_past = n_past};
+    attention_ctx c = {
+        .hp = hp, .st = st, .k_cache = k_layer, .v_cache = v_layer, .n_past = n_past};
     nm_pool_run(st->pool, attention_task, &c, n);
     matmul(st->pool, &l->wo, st->att, q_dim, n, st->proj, d);
-    for (int64_t i = 0; i < (int64_t)n * d; i++) st->x[i] += st->proj[i];
+    for (int64_t i = 0; i < (int64_t)n * d; i++)
+        st->x[i] += st->proj[i];
 }
 
 /* ---- MoE block ---- */
@@ -212,9 +214,9 @@ static void moe_block(const nm_model *m, nm_model_state *st, int il, int32_t n) 
     for (int32_t t = 0; t < n; t++)
         m->arch->route(hp, st->router + (size_t)t * hp->n_expert, st->ids + t * k,
                        st->weights + t * k, st->probs);
-    nm_moe_forward_dense(st->pool, &l->experts, st->xn, n, st->ids, st->weights, st->proj,
-                         st->moe);
-    for (int64_t i = 0; i < (int64_t)n * d; i++) st->x[i] += st->proj[i];
+    nm_moe_forward_dense(st->pool, &l->experts, st->xn, n, st->ids, st->weights, st->proj, st->moe);
+    for (int64_t i = 0; i < (int64_t)n * d; i++)
+        st->x[i] += st->proj[i];
 }
 
 nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t *ids, int32_t n,
@@ -234,7 +236,8 @@ nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t 
     const int64_t d = hp->n_embd;
     for (int32_t t = 0; t < n; t++)
         nm_dequantize_row((nm_dtype)m->tok_embd.type,
-                          (const uint8_t *)m->tok_embd.data + (size_t)ids[t] * m->tok_embd.row_bytes,
+                          (const uint8_t *)m->tok_embd.data +
+                              (size_t)ids[t] * m->tok_embd.row_bytes,
                           st->x + t * d, d);
     for (int il = 0; il < hp->n_layer; il++) {
         attention_block(m, st, il, n, n_past);

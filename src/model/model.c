@@ -51,7 +51,8 @@ static nm_status find_shaped(const nm_model *m, const char *name, const int64_t 
     *out = t;
     if (!t) return nm_errorf(err, NM_ERR_NOT_FOUND, "tensor '%s' is missing", name);
     bool ok = true; /* trailing dims of 1 may be written or not */
-    for (uint32_t i = 0; i < 4 && ok; i++) ok = t->ne[i] == (i < n_want ? want[i] : 1);
+    for (uint32_t i = 0; i < 4 && ok; i++)
+        ok = t->ne[i] == (i < n_want ? want[i] : 1);
     if (!ok) {
         char have[96], expect[96];
         format_ne(t->ne, t->n_dims, have, sizeof have);
@@ -71,8 +72,8 @@ static nm_status check_computable(const nm_gguf_tensor *t, const char *name, nm_
     return NM_OK;
 }
 
-nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64_t n,
-                           bool optional, nm_mat *out, nm_error *err) {
+nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64_t n, bool optional,
+                           nm_mat *out, nm_error *err) {
     memset(out, 0, sizeof *out);
     if (optional && !nm_gguf_find_tensor(m->gguf, name)) return NM_OK;
     const int64_t want[2] = {k, n};
@@ -95,8 +96,9 @@ nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const
     nm_status st = find_shaped(m, name, want, 1, &t, err);
     if (st != NM_OK) return st;
     if (t->type != NM_DTYPE_F32)
-        return nm_errorf(err, NM_ERR_UNSUPPORTED, "tensor '%s' has type %s; norm weights must be f32",
-                         name, nm_dtype_name(t->type));
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "tensor '%s' has type %s; norm weights must be f32", name,
+                         nm_dtype_name(t->type));
     *out = t->data;
     return NM_OK;
 }
@@ -203,7 +205,8 @@ void nm_model_describe(const nm_model *model, void *file) {
             hp->n_expert_used, hp->n_ff_exp);
     fprintf(f, "rope:                neox, base %g, %d dims\n", hp->rope_freq_base, hp->n_rot);
     fprintf(f, "rms_norm eps:        %g\n", hp->rms_eps);
-    fprintf(f, "output:              %s\n", model->tied_output ? "tied to token_embd" : "own tensor");
+    fprintf(f, "output:              %s\n",
+            model->tied_output ? "tied to token_embd" : "own tensor");
 
     uint64_t bytes_by_type[NM_DTYPE_COUNT] = {0}, count_by_type[NM_DTYPE_COUNT] = {0}, total = 0;
     const uint64_t n_tensors = nm_gguf_n_tensors(model->gguf);
@@ -213,7 +216,8 @@ void nm_model_describe(const nm_model *model, void *file) {
         count_by_type[t->type]++;
         total += t->n_bytes;
     }
-    fprintf(f, "tensors:             %" PRIu64 ", %.2f MiB\n", n_tensors, (double)total / 1048576.0);
+    fprintf(f, "tensors:             %" PRIu64 ", %.2f MiB\n", n_tensors,
+            (double)total / 1048576.0);
     for (int ty = 0; ty < NM_DTYPE_COUNT; ty++)
         if (count_by_type[ty])
             fprintf(f, "  %-6s %5" PRIu64 " tensors, %10.2f MiB\n", nm_dtype_name((uint32_t)ty),

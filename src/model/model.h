@@ -16,12 +16,12 @@
 typedef struct nm_hparams {
     int32_t n_vocab;
     int32_t n_ctx_train;
-    int32_t n_embd;        /* d_model */
+    int32_t n_embd; /* d_model */
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t head_dim;      /* key_length == value_length */
-    int32_t n_rot;         /* rotated dims per head */
+    int32_t head_dim; /* key_length == value_length */
+    int32_t n_rot;    /* rotated dims per head */
     int32_t n_expert;
     int32_t n_expert_used; /* k */
     int32_t n_ff_exp;      /* d_ff of one expert */
@@ -44,8 +44,8 @@ typedef struct nm_layer {
 
 /* Routing of one token: logits [n_expert] -> ids, weights [k]; probs is
  * scratch [n_expert]. */
-typedef void (*nm_route_fn)(const nm_hparams *hp, const float *logits, int32_t *ids,
-                            float *weights, float *probs);
+typedef void (*nm_route_fn)(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
+                            float *probs);
 
 /* What an architecture adapter provides. Everything after the router is
  * shared. */
@@ -80,8 +80,8 @@ nm_status nm_model_hparam_f32(const nm_model *m, const char *suffix, bool requir
 /* Finds a weight matrix tensor with ne = {k, n} (ggml order), checks its type
  * is computable, and fills out. Missing tensors give NM_ERR_NOT_FOUND unless
  * optional (then out->data = NULL and NM_OK). */
-nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64_t n,
-                           bool optional, nm_mat *out, nm_error *err);
+nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64_t n, bool optional,
+                           nm_mat *out, nm_error *err);
 /* An F32 vector of n elements. */
 nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const float **out,
                            nm_error *err);

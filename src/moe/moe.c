@@ -17,11 +17,11 @@ struct nm_moe_scratch {
     int64_t d_ff;
     int n_threads;
     nm_moe_dispatch dispatch;
-    int32_t *fill;   /* [n_expert] cursor while building the dispatch */
-    float *y;        /* [max_tokens * k][d_model] expert output per assignment */
-    float *xg;       /* [n_threads][max_tokens][d_model] gathered rows        */
-    float *gate;     /* [n_threads][max_tokens][d_ff]                          */
-    float *up;       /* [n_threads][max_tokens][d_ff]                          */
+    int32_t *fill; /* [n_expert] cursor while building the dispatch */
+    float *y;      /* [max_tokens * k][d_model] expert output per assignment */
+    float *xg;     /* [n_threads][max_tokens][d_model] gathered rows        */
+    float *gate;   /* [n_threads][max_tokens][d_ff]                          */
+    float *up;     /* [n_threads][max_tokens][d_ff]                          */
 };
 
 nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e) {
@@ -39,7 +39,8 @@ void nm_moe_route_softmax_topk(const float *logits, int32_t n_expert, int32_t k,
         int32_t best = -1;
         for (int32_t e = 0; e < n_expert; e++) {
             bool taken = false;
-            for (int32_t j = 0; j < s; j++) taken |= ids[j] == e;
+            for (int32_t j = 0; j < s; j++)
+                taken |= ids[j] == e;
             if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
         }
         ids[s] = best;
@@ -47,16 +48,17 @@ void nm_moe_route_softmax_topk(const float *logits, int32_t n_expert, int32_t k,
     }
     if (renorm) {
         float sum = 0.0f;
-        for (int32_t s = 0; s < k; s++) sum += weights[s];
-        for (int32_t s = 0; s < k; s++) weights[s] /= sum;
+        for (int32_t s = 0; s < k; s++)
+            sum += weights[s];
+        for (int32_t s = 0; s < k; s++)
+            weights[s] /= sum;
     }
 }
 
 nm_status nm_moe_scratch_new(int32_t max_tokens, int32_t k, int32_t n_expert, int64_t d_model,
                              int64_t d_ff, int n_threads, nm_moe_scratch **out, nm_error *err) {
     *out = NULL;
-    NM_ASSERT(max_tokens > 0 && k > 0 && n_expert >= k && d_model > 0 && d_ff > 0 &&
-              n_threads > 0);
+    NM_ASSERT(max_tokens > 0 && k > 0 && n_expert >= k && d_model > 0 && d_ff > 0 && n_threads > 0);
     nm_moe_scratch *s = nm_calloc(1, sizeof *s);
     if (!s) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for MoE buffers");
     s->max_tokens = max_tokens;
@@ -109,9 +111,11 @@ const nm_moe_dispatch *nm_moe_dispatch_build(nm_moe_scratch *s, const int32_t *i
         NM_ASSERT(ids[a] >= 0 && ids[a] < s->n_expert);
         d->offset[ids[a] + 1]++;
     }
-    for (int32_t e = 0; e < s->n_expert; e++) d->offset[e + 1] += d->offset[e];
+    for (int32_t e = 0; e < s->n_expert; e++)
+        d->offset[e + 1] += d->offset[e];
     memcpy(s->fill, d->offset, (size_t)s->n_expert * sizeof(int32_t));
-    for (int32_t a = 0; a < n_assign; a++) d->rows[s->fill[ids[a]]++] = a;
+    for (int32_t a = 0; a < n_assign; a++)
+        d->rows[s->fill[ids[a]]++] = a;
     return d;
 }
 
@@ -130,9 +134,9 @@ static void dense_expert_task(void *p, int i, int thread) {
     const int32_t e = c->active[i];
     const int32_t r0 = d->offset[e], m = d->offset[e + 1] - r0;
     const int64_t dm = s->d_model, ff = s->d_ff;
-    float *xg = s->xg + (size_t)thread * s->max_tokens * dm;   /* [m][d_model] */
-    float *g = s->gate + (size_t)thread * s->max_tokens * ff;  /* [m][d_ff]    */
-    float *u = s->up + (size_t)thread * s->max_tokens * ff;    /* [m][d_ff]    */
+    float *xg = s->xg + (size_t)thread * s->max_tokens * dm;  /* [m][d_model] */
+    float *g = s->gate + (size_t)thread * s->max_tokens * ff; /* [m][d_ff]    */
+    float *u = s->up + (size_t)thread * s->max_tokens * ff;   /* [m][d_ff]    */
     for (int32_t r = 0; r < m; r++) {
         const int32_t token = d->rows[r0 + r] / s->k;
         memcpy(xg + (size_t)r * dm, c->x + (size_t)token * dm, (size_t)dm * sizeof(float));
@@ -152,8 +156,8 @@ static void dense_expert_task(void *p, int i, int thread) {
 }
 
 void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float *x,
-                          int32_t n_tokens, const int32_t *ids, const float *weights,
-                          float *out, nm_moe_scratch *s) {
+                          int32_t n_tokens, const int32_t *ids, const float *weights, float *out,
+                          nm_moe_scratch *s) {
     const nm_moe_dispatch *d = nm_moe_dispatch_build(s, ids, n_tokens);
     /* the experts with rows, most rows first so the big ones start early */
     int32_t *active = s->fill;
@@ -179,7 +183,8 @@ void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float
             const int32_t a = t * s->k + slot;
             const float wt = weights[a];
             const float *ya = s->y + (size_t)a * dm;
-            for (int64_t i = 0; i < dm; i++) o[i] += wt * ya[i];
+            for (int64_t i = 0; i < dm; i++)
+                o[i] += wt * ya[i];
         }
     }
 }

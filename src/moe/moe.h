@@ -16,10 +16,10 @@
 
 /* The experts of one layer, as three stacks of matrices in the file. */
 typedef struct nm_expert_weights {
-    nm_mat gate;         /* expert 0: [d_ff][d_model] */
-    nm_mat up;           /* expert 0: [d_ff][d_model] */
-    nm_mat down;         /* expert 0: [d_model][d_ff] */
-    size_t gate_stride;  /* bytes from one expert's gate matrix to the next */
+    nm_mat gate;        /* expert 0: [d_ff][d_model] */
+    nm_mat up;          /* expert 0: [d_ff][d_model] */
+    nm_mat down;        /* expert 0: [d_model][d_ff] */
+    size_t gate_stride; /* bytes from one expert's gate matrix to the next */
     size_t up_stride;
     size_t down_stride;
     int32_t n_expert;
@@ -61,7 +61,7 @@ const nm_moe_dispatch *nm_moe_dispatch_build(nm_moe_scratch *s, const int32_t *i
  * each expert run once over all its rows (gate and up, SwiGLU, down).
  * x, out: [n_tokens][d_model]; ids, weights: [n_tokens][k]. */
 void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float *x,
-                          int32_t n_tokens, const int32_t *ids, const float *weights,
-                          float *out, nm_moe_scratch *s);
+                          int32_t n_tokens, const int32_t *ids, const float *weights, float *out,
+                          nm_moe_scratch *s);
 
 #endif /* NM_MOE_H */

@@ -46,7 +46,8 @@ static void *worker_main(void *p) {
     unsigned seen = 0;
     pthread_mutex_lock(&pool->mutex);
     for (;;) {
-        while (!pool->quit && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->mutex);
+        while (!pool->quit && pool->generation == seen)
+            pthread_cond_wait(&pool->wake, &pool->mutex);
         if (pool->quit) break;
         seen = pool->generation;
         nm_task_fn fn = pool->fn;
@@ -107,7 +108,8 @@ void nm_pool_free(nm_pool *pool) {
     pool->quit = 1;
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
-    for (int t = 1; t < pool->n_threads; t++) pthread_join(pool->workers[t - 1], NULL);
+    for (int t = 1; t < pool->n_threads; t++)
+        pthread_join(pool->workers[t - 1], NULL);
     pthread_mutex_destroy(&pool->mutex);
     pthread_cond_destroy(&pool->wake);
     pthread_cond_destroy(&pool->done);
@@ -120,7 +122,8 @@ int nm_pool_n_threads(const nm_pool *pool) { return pool->n_threads; }
 void nm_pool_run(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks) {
     if (n_tasks <= 0) return;
     if (pool->n_threads == 1 || n_tasks == 1) {
-        for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
+        for (int i = 0; i < n_tasks; i++)
+            fn(ctx, i, 0);
         return;
     }
     pthread_mutex_lock(&pool->mutex);
@@ -136,6 +139,7 @@ void nm_pool_run(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks) {
     run_tasks(pool, fn, ctx, n_tasks, 0);
 
     pthread_mutex_lock(&pool->mutex);
-    while (pool->n_busy > 0) pthread_cond_wait(&pool->done, &pool->mutex);
+    while (pool->n_busy > 0)
+        pthread_cond_wait(&pool->done, &pool->mutex);
     pthread_mutex_unlock(&pool->mutex);
 }

@@ -164,6 +164,38 @@ def main():
     vals = struct.unpack(f"<{4099}f", last)
     check(all(v == v and abs(v) < 1e30 for v in vals), "logits are finite")
 
+    # ---- perplexity and compare ----
+    gpl = "/usr/share/common-licenses/GPL-3"
+    r = run(bin_, ["perplexity", "-m", tiny, "-f", gpl, "-c", "128", "--json"])
+    try:
+        pj = json.loads(r.stdout)
+    except ValueError:
+        pj = {}
+    # llama.cpp: 29855.3301 +/- 839.41 (F32 KV cache), vectors/README.md
+    check(abs(pj.get("perplexity", 0) / 29855.3301 - 1) < 1e-6, "perplexity matches llama.cpp's",
+          r.stdout.decode()[:300])
+    check(b"[82/82]" in r.stderr and b"second half" in r.stderr, "perplexity reports progress",
+          r.stderr.decode()[-300:])
+    r = run(bin_, ["perplexity", "-m", tiny, "-f", gpl, "-c", "128"])
+    check(r.returncode == 0 and r.stdout.decode().startswith("perplexity: 29855.33"),
+          "perplexity prints 'perplexity: X +/- Y'", r.stdout.decode())
+    expect_error(bin_, ["perplexity", "-m", tiny, "-p", "too short", "-c", "128"], "at least 256",
+                 "perplexity of a short text")
+    bf16 = os.path.join(os.path.dirname(model), "fixture-bf16-tied.gguf")
+    if os.path.exists(bf16):
+        r = run(bin_, ["compare", "-m", model, "-f", gpl, "-c", "64", "--candidate-model", bf16, "--json"])
+        try:
+            cj = json.loads(r.stdout)
+        except ValueError:
+            cj = {}
+        check(cj.get("kl_mean", 0) > 0 and 0 <= cj.get("top1_agreement", -1) < 1,
+              "compare of two different models reports KL > 0", r.stdout.decode()[:300])
+    r = run(bin_, ["compare", "-m", tiny, "-f", gpl, "-c", "64", "--candidate-threads", "2",
+                   "--candidate-batch", "7"])
+    out = r.stdout.decode()
+    check(r.returncode == 0 and "top-1 agreement:      100.0000%" in out and "mean 0.000000" in out,
+          "compare of the same model at other threads/batch agrees", out)
+
     print(f"test_cli: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -17,19 +17,20 @@
 typedef enum { KIND_STR, KIND_I32, KIND_F32, KIND_U64, KIND_FLAG } value_kind;
 
 typedef struct option_def {
-    const char *name;  /* long name without dashes */
-    char short_name;   /* 0 = none */
+    const char *name; /* long name without dashes */
+    char short_name;  /* 0 = none */
     value_kind kind;
-    size_t offset;     /* field in cli_options */
-    double lo, hi;     /* allowed range of numbers */
-    int commands;      /* CMD_* bits */
-    const char *arg;   /* placeholder in --help */
+    size_t offset;   /* field in cli_options */
+    double lo, hi;   /* allowed range of numbers */
+    int commands;    /* CMD_* bits */
+    const char *arg; /* placeholder in --help */
     const char *help;
 } option_def;
 
-#define ALL_MODEL (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS)
-#define TEXT_IN (CMD_TOKENIZE | CMD_RUN | CMD_LOGITS)
-#define EVAL (CMD_RUN | CMD_LOGITS)
+#define SCORE (CMD_PERPLEXITY | CMD_COMPARE)
+#define ALL_MODEL (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE)
+#define TEXT_IN (CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE)
+#define EVAL (CMD_RUN | CMD_LOGITS | SCORE)
 #define F(field) offsetof(cli_options, field)
 
 static const option_def option_table[] = {
@@ -56,14 +57,21 @@ static const option_def option_table[] = {
     {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL, "N",
      "compute threads (default: online CPUs)"},
     {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL, "N",
-     "context size in tokens (default: trained context, at most 4096)"},
+     "context size in tokens (default: trained context, at most 4096); for perplexity "
+     "and compare, the window length (default 512)"},
     {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
      "tokens per prefill step (default 512)"},
     {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS, "FILE",
      "where to write float32 little-endian logits"},
     {"all", 0, KIND_FLAG, F(all), 0, 0, CMD_LOGITS, NULL,
      "logits of every position ([n_positions][n_vocab]), not only the last"},
-    {"json", 0, KIND_FLAG, F(json), 0, 0, CMD_RUN, NULL,
+    {"candidate-model", 0, KIND_STR, F(cand_model), 0, 0, CMD_COMPARE, "FILE",
+     "candidate model (same vocabulary, e.g. another weight type; default: -m)"},
+    {"candidate-threads", 0, KIND_I32, F(cand_threads), 1, 1024, CMD_COMPARE, "N",
+     "candidate's threads (default: -t)"},
+    {"candidate-batch", 0, KIND_I32, F(cand_batch), 1, 1 << 20, CMD_COMPARE, "N",
+     "candidate's tokens per prefill step (default: -b)"},
+    {"json", 0, KIND_FLAG, F(json), 0, 0, CMD_RUN | SCORE, NULL,
      "print one JSON object on stdout instead of text and statistics"},
     {"no-special", 0, KIND_FLAG, F(no_special), 0, 0, TEXT_IN, NULL,
      "treat special-token text such as <|im_start|> as plain text"},
@@ -83,6 +91,14 @@ static const struct {
      "generate text; statistics go to stderr"},
     {"logits", CMD_LOGITS, "logits -m MODEL (-p TEXT | -f FILE | --tokens IDS) -o FILE [--all]",
      "write the logits of a prompt"},
+    {"perplexity", CMD_PERPLEXITY, "perplexity -m MODEL -f TEXT [--ctx N] [--batch N] [--json]",
+     "perplexity of a text over non-overlapping windows, scoring the second half of each "
+     "window (as llama.cpp's llama-perplexity does)"},
+    {"compare", CMD_COMPARE,
+     "compare -m MODEL -f TEXT [--ctx N] [--candidate-model FILE] [--candidate-threads N] "
+     "[--candidate-batch N] [--json]",
+     "score a text with a reference and a candidate configuration: perplexity of both, "
+     "KL divergence and top-1 agreement of the candidate against the reference"},
 };
 
 int cli_command_from_name(const char *name) {
@@ -125,8 +141,8 @@ static bool parse_value(const option_def *d, const char *text, cli_options *o, c
     case KIND_I32: {
         long long v = strtoll(text, &end, 10);
         if (errno || end == text || *end || v < (long long)d->lo || v > (long long)d->hi) {
-            snprintf(msg, cap, "--%s: '%s' is not an integer in [%.0f, %.0f]", d->name, text,
-                     d->lo, d->hi);
+            snprintf(msg, cap, "--%s: '%s' is not an integer in [%.0f, %.0f]", d->name, text, d->lo,
+                     d->hi);
             return false;
         }
         *(int32_t *)field = (int32_t)v;
@@ -143,7 +159,8 @@ static bool parse_value(const option_def *d, const char *text, cli_options *o, c
         return true;
     }
     case KIND_U64: {
-        if (text[0] == '-') end = (char *)text; /* strtoull would accept and negate */
+        if (text[0] == '-')
+            end = (char *)text; /* strtoull would accept and negate */
         else {
             unsigned long long v = strtoull(text, &end, 10);
             if (!errno && end != text && !*end) {
@@ -189,8 +206,7 @@ bool cli_parse(int cmd, int argc, char **argv, int first, cli_options *o, char *
 
 void cli_print_help(FILE *f, int cmd) {
     if (cmd == 0) {
-        fprintf(f, "npumoe %s: Mixture-of-Experts inference on GGUF models\n\n",
-                "0.1.0");
+        fprintf(f, "npumoe %s: Mixture-of-Experts inference on GGUF models\n\n", "0.1.0");
         fprintf(f, "usage: npumoe COMMAND [options]   (npumoe COMMAND --help for its options)\n\n");
         for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++)
             fprintf(f, "  %-10s %s\n", command_table[i].name, command_table[i].summary);
@@ -205,7 +221,8 @@ void cli_print_help(FILE *f, int cmd) {
         if (!(d->commands & cmd)) continue;
         char names[64];
         if (d->short_name)
-            snprintf(names, sizeof names, "-%c, --%s %s", d->short_name, d->name, d->arg ? d->arg : "");
+            snprintf(names, sizeof names, "-%c, --%s %s", d->short_name, d->name,
+                     d->arg ? d->arg : "");
         else
             snprintf(names, sizeof names, "    --%s %s", d->name, d->arg ? d->arg : "");
         fprintf(f, "  %-30s %s\n", names, d->help);

@@ -13,6 +13,8 @@ enum {
     CMD_TOKENIZE = 1 << 1,
     CMD_RUN = 1 << 2,
     CMD_LOGITS = 1 << 3,
+    CMD_PERPLEXITY = 1 << 4,
+    CMD_COMPARE = 1 << 5,
 };
 
 typedef struct cli_options {
@@ -32,6 +34,9 @@ typedef struct cli_options {
     int32_t threads;
     int32_t ctx;
     int32_t batch;
+    const char *cand_model;
+    int32_t cand_threads;
+    int32_t cand_batch;
     bool json;
     bool all;
     bool no_special;

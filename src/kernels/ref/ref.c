@@ -18,7 +18,8 @@ static void convert_block(uint32_t type, const uint8_t *src, float *dst, int64_t
 
 static float dot_f32(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    for (int64_t i = 0; i < n; i++)
+        sum += a[i] * b[i];
     return sum;
 }
 
@@ -29,7 +30,8 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
     if (w->type == NM_DTYPE_F32) {
         for (int64_t j = j0; j < j1; j++) {
             const float *row = (const float *)((const uint8_t *)w->data + (size_t)j * w->row_bytes);
-            for (int64_t i = 0; i < m; i++) y[i * ldy + j] = dot_f32(x + i * ldx, row, k);
+            for (int64_t i = 0; i < m; i++)
+                y[i * ldy + j] = dot_f32(x + i * ldx, row, k);
         }
         return;
     }
@@ -38,18 +40,21 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
     float buf[CONVERT_BLOCK]; /* [CONVERT_BLOCK] one block of one weight row */
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
-        for (int64_t i = 0; i < m; i++) y[i * ldy + j] = 0.0f;
+        for (int64_t i = 0; i < m; i++)
+            y[i * ldy + j] = 0.0f;
         for (int64_t k0 = 0; k0 < k; k0 += CONVERT_BLOCK) {
             int64_t nk = k - k0 < CONVERT_BLOCK ? k - k0 : CONVERT_BLOCK;
             convert_block(w->type, row + (size_t)k0 * elem_bytes, buf, nk);
-            for (int64_t i = 0; i < m; i++) y[i * ldy + j] += dot_f32(x + i * ldx + k0, buf, nk);
+            for (int64_t i = 0; i < m; i++)
+                y[i * ldy + j] += dot_f32(x + i * ldx + k0, buf, nk);
         }
     }
 }
 
 void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, float eps) {
     double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)x[i] * (double)x[i];
     const float mean = (float)(sum / (double)n);
     const float scale = 1.0f / sqrtf(mean + eps);
     for (int64_t i = 0; i < n; i++) {
@@ -86,16 +91,18 @@ void nm_softmax_forward(float *x, int64_t n) {
         sum += x[i];
     }
     const float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= inv;
 }
 
 void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n) {
-    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int64_t i = 0; i < n; i++)
+        h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
-                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                          int head_dim, float scale, float *out, float *scores) {
+                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
+                          float scale, float *out, float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
@@ -109,7 +116,8 @@ void nm_attention_forward(const float *q, const float *k_cache, const float *v_c
         for (int32_t t = 0; t < n_kv; t++) {
             const float *vt = v_cache + t * kv_stride + kv_off;
             const float p = scores[t];
-            for (int d = 0; d < head_dim; d++) oh[d] += p * vt[d];
+            for (int d = 0; d < head_dim; d++)
+                oh[d] += p * vt[d];
         }
     }
 }

@@ -28,11 +28,11 @@ static nm_status load_hparams(nm_model *m, nm_error *err) {
         (st = nm_model_hparam_f32(m, "attention.layer_norm_rms_epsilon", true, &hp->rms_eps, err)))
         return st;
     hp->rope_freq_base = 10000.0f;
-    if ((st = nm_model_hparam_f32(m, "rope.freq_base", false, &hp->rope_freq_base, err)))
-        return st;
+    if ((st = nm_model_hparam_f32(m, "rope.freq_base", false, &hp->rope_freq_base, err))) return st;
     if (hp->n_head <= 0 || hp->n_embd <= 0) /* checked before the default head_dim divides */
-        return nm_errorf(err, NM_ERR_FORMAT, "head count %d and embedding length %d must be positive",
-                         hp->n_head, hp->n_embd);
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "head count %d and embedding length %d must be positive", hp->n_head,
+                         hp->n_embd);
     hp->head_dim = hp->n_embd / hp->n_head;
     int32_t value_length = -1;
     if ((st = nm_model_hparam_i32(m, "attention.key_length", false, &hp->head_dim, err)) ||

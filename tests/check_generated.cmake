@@ -1,0 +1,10 @@
+# Runs a generator into OUT and fails unless OUT equals the COMMITTED file.
+execute_process(COMMAND ${PYTHON} ${GENERATOR} --out ${OUT} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${GENERATOR} failed (${rc})")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${OUT} ${COMMITTED} RESULT_VARIABLE diff)
+if(NOT diff EQUAL 0)
+  message(FATAL_ERROR "${COMMITTED} differs from what ${GENERATOR} makes now: regenerate and commit")
+endif()
+message(STATUS "1 passed, 0 failed")
