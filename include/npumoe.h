@@ -94,10 +94,53 @@ bool nm_token_is_eog(const nm_model *model, int32_t id);
 
 typedef struct nm_session nm_session;
 
+/* How the MoE blocks of a prefill run (docs/NPUMOE.md). Decode always runs
+ * on the host (dense). */
+typedef enum nm_mode {
+    NM_MODE_DENSE = 0, /* host only, exact grouped GEMM: the reference        */
+    NM_MODE_NAIVE,     /* one device graph per active expert at capacity T   */
+    NM_MODE_TIERS,     /* the plan's tier capacities, one graph per expert   */
+    NM_MODE_GROUPED,   /* tiers + the plan's grouped graphs, all on device   */
+    NM_MODE_NPUMOE,    /* tiers + groups + the plan's residency              */
+    NM_MODE_COUNT
+} nm_mode;
+
+/* What happens to assignments beyond an expert's capacity. */
+typedef enum nm_overflow {
+    NM_OVERFLOW_DROP = 0, /* discarded, lowest salience first (the paper) */
+    NM_OVERFLOW_SPILL,    /* computed exactly on the host                 */
+    NM_OVERFLOW_COUNT
+} nm_overflow;
+
+/* Which assignments keep their slots when an expert overflows. */
+typedef enum nm_salience {
+    NM_SALIENCE_ROUTER = 0, /* the assignment's router weight                  */
+    NM_SALIENCE_RESIDUAL,   /* L2 norm of the residual stream before the FFN norm */
+    NM_SALIENCE_INPUT,      /* L2 norm of the expert input (after the FFN norm) */
+    NM_SALIENCE_COUNT
+} nm_salience;
+
+const char *nm_mode_name(nm_mode mode);
+const char *nm_overflow_name(nm_overflow overflow);
+const char *nm_salience_name(nm_salience salience);
+/* Parse a name; NM_ERR_INVALID_ARG listing the choices otherwise. */
+nm_status nm_mode_parse(const char *name, nm_mode *out, nm_error *err);
+nm_status nm_overflow_parse(const char *name, nm_overflow *out, nm_error *err);
+nm_status nm_salience_parse(const char *name, nm_salience *out, nm_error *err);
+
+/* A static plan (tiers, groups, residency) made by `npumoe plan`. */
+typedef struct nm_plan nm_plan;
+/* A static-graph device ("cpu", ...). */
+typedef struct nm_device nm_device;
+
 typedef struct nm_session_params {
-    int32_t n_ctx;     /* KV-cache positions; 0 = min(model's trained, 4096) */
-    int32_t n_batch;   /* max tokens per prefill step; 0 = 512              */
-    int32_t n_threads; /* compute threads; 0 = one per online CPU           */
+    int32_t n_ctx;       /* KV-cache positions; 0 = min(model's trained, 4096) */
+    int32_t n_batch;     /* max tokens per prefill step; 0 = 512; in static
+                            modes the chunk T, taken from the plan when 0      */
+    int32_t n_threads;   /* compute threads; 0 = one per online CPU           */
+    nm_mode mode;        /* NM_MODE_DENSE by default                          */
+    const nm_plan *plan; /* needed by tiers, grouped, npumoe; outlives the session */
+    nm_device *device;   /* needed by every mode but dense; outlives the session */
 } nm_session_params;
 
 nm_session_params nm_session_default_params(void);

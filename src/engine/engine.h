@@ -7,6 +7,9 @@
 
 #include "npumoe.h"
 
+#include "device/device.h"
+#include "moe/moe.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -58,6 +61,23 @@ typedef void (*nm_progress_fn)(void *ctx, int32_t done, int32_t total, const nm_
 nm_status nm_score_text(nm_session *ref, nm_session *cand, const int32_t *ids, size_t n,
                         int32_t n_ctx, int32_t bos, nm_progress_fn progress, void *progress_ctx,
                         nm_accuracy *out, nm_error *err);
+
+/* ---- metrics of the static path ---- */
+
+typedef struct nm_session_metrics {
+    nm_mode mode; /* the mode prompt batches ran in */
+    int32_t n_layer;
+    const nm_moe_layer_metrics *layers; /* [n_layer], owned by the session */
+    nm_moe_layer_metrics total;         /* summed over layers */
+    nm_device_stats device;             /* zero without a device */
+} nm_session_metrics;
+
+/* MoE metrics of the prompt batches since creation or the last reset. */
+void nm_session_get_metrics(nm_session *session, nm_session_metrics *out);
+void nm_session_reset_metrics(nm_session *session);
+
+/* Calls fn with every chunk's per-expert loads (calibration). */
+void nm_session_set_load_fn(nm_session *session, nm_load_fn fn, void *ctx);
 
 /* Peak resident memory of the process, in bytes (0 if unknown). */
 uint64_t nm_peak_rss_bytes(void);

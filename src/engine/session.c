@@ -5,6 +5,7 @@
 
 #include "base/base.h"
 #include "model/model.h"
+#include "plan/plan.h"
 
 #include <string.h>
 #include <sys/resource.h>
@@ -12,11 +13,18 @@
 struct nm_session {
     const nm_model *model;
     nm_model_state *state;
+    nm_mode mode;
+    nm_device *device;
     int32_t n_past;
 };
 
 nm_session_params nm_session_default_params(void) {
-    nm_session_params p = {.n_ctx = 0, .n_batch = 0, .n_threads = 0};
+    nm_session_params p = {.n_ctx = 0,
+                           .n_batch = 0,
+                           .n_threads = 0,
+                           .mode = NM_MODE_DENSE,
+                           .plan = NULL,
+                           .device = NULL};
     return p;
 }
 
@@ -29,12 +37,22 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                          "session sizes must not be negative (ctx %d, batch %d, threads %d)",
                          p.n_ctx, p.n_batch, p.n_threads);
     if (p.n_ctx == 0) p.n_ctx = model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
-    if (p.n_batch == 0) p.n_batch = 512;
+    if ((unsigned)p.mode >= NM_MODE_COUNT)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown mode %d", (int)p.mode);
+    if (p.n_batch == 0) p.n_batch = p.plan ? p.plan->moe.chunk : 512;
     if (p.n_threads == 0) p.n_threads = nm_cpu_count();
     nm_session *s = nm_calloc(1, sizeof *s);
     if (!s) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
     s->model = model;
-    nm_status st = nm_model_state_new(model, p.n_ctx, p.n_batch, p.n_threads, &s->state, err);
+    s->mode = p.mode;
+    s->device = p.device;
+    nm_state_params sp = {.n_ctx = p.n_ctx,
+                          .n_batch = p.n_batch,
+                          .n_threads = p.n_threads,
+                          .mode = p.mode,
+                          .plan = p.plan ? &p.plan->moe : NULL,
+                          .device = p.device};
+    nm_status st = nm_model_state_new(model, &sp, &s->state, err);
     if (st != NM_OK) {
         nm_free(s);
         return st;
@@ -56,6 +74,40 @@ int32_t nm_session_n_past(const nm_session *session) { return session->n_past; }
 int32_t nm_session_n_ctx(const nm_session *session) { return nm_model_state_n_ctx(session->state); }
 
 int32_t nm_session_n_vocab(const nm_session *session) { return session->model->hp.n_vocab; }
+
+void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
+    memset(out, 0, sizeof *out);
+    nm_moe_exec *ex = nm_model_state_prefill_exec(session->state);
+    out->mode = ex ? session->mode : NM_MODE_DENSE;
+    if (!ex) ex = nm_model_state_dense_exec(session->state);
+    out->n_layer = session->model->hp.n_layer;
+    out->layers = nm_moe_exec_metrics(ex);
+    for (int32_t l = 0; l < out->n_layer; l++) {
+        const nm_moe_layer_metrics *m = &out->layers[l];
+        nm_moe_layer_metrics *t = &out->total;
+        t->chunks += m->chunks;
+        t->assignments += m->assignments;
+        t->dropped += m->dropped;
+        t->spilled += m->spilled;
+        t->host_rows += m->host_rows;
+        t->device_rows += m->device_rows;
+        t->reserved_rows += m->reserved_rows;
+        t->dispatches += m->dispatches;
+        t->host_ns += m->host_ns;
+        t->wait_ns += m->wait_ns;
+    }
+    if (session->device) session->device->ops->stats(session->device, &out->device);
+}
+
+void nm_session_reset_metrics(nm_session *session) {
+    nm_moe_exec *ex = nm_model_state_prefill_exec(session->state);
+    nm_moe_exec_reset_metrics(ex ? ex : nm_model_state_dense_exec(session->state));
+}
+
+void nm_session_set_load_fn(nm_session *session, nm_load_fn fn, void *ctx) {
+    nm_moe_exec *ex = nm_model_state_prefill_exec(session->state);
+    nm_moe_exec_set_load_fn(ex ? ex : nm_model_state_dense_exec(session->state), fn, ctx);
+}
 
 size_t nm_session_bytes(const nm_session *session) { return nm_model_state_bytes(session->state); }
 

@@ -19,6 +19,26 @@ typedef struct nm_mat {
     size_t row_bytes;
 } nm_mat;
 
+/* The experts of one layer, as three stacks of matrices in the file. */
+typedef struct nm_expert_weights {
+    nm_mat gate;        /* expert 0: [d_ff][d_model] */
+    nm_mat up;          /* expert 0: [d_ff][d_model] */
+    nm_mat down;        /* expert 0: [d_model][d_ff] */
+    size_t gate_stride; /* bytes from one expert's gate matrix to the next */
+    size_t up_stride;
+    size_t down_stride;
+    int32_t n_expert;
+} nm_expert_weights;
+
+/* Expert e's matrix out of a stack. */
+nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e);
+
+/* One expert's SwiGLU FFN over m rows: out = down(silu(gate x) * up x).
+ * x: [m][d_model] (row stride ldx); gate, up: scratch [m][d_ff];
+ * out: [m][d_model] (row stride ldo). Runs on the calling thread. */
+void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x, int64_t ldx,
+                           int64_t m, float *gate, float *up, float *out, int64_t ldo);
+
 /* y[i][j] = sum_k x[i][k] * W[j][k] for i < m and j in [j0, j1).
  * x: [m][K] with row stride ldx; y: [m][...] with row stride ldy. */
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,

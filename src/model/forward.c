@@ -13,21 +13,24 @@
 struct nm_model_state {
     int32_t n_ctx;
     int32_t n_batch;
+    int32_t n_kv; /* cache positions: n_ctx + room for a padded chunk */
     nm_pool *pool;
     size_t n_bytes;
-    float *k_cache; /* [n_layer][n_ctx][n_head_kv * head_dim] */
-    float *v_cache; /* [n_layer][n_ctx][n_head_kv * head_dim] */
-    float *x;       /* [n_batch][n_embd] residual stream       */
-    float *xn;      /* [n_batch][n_embd] normed input of a block */
-    float *q;       /* [n_batch][n_head * head_dim]            */
-    float *att;     /* [n_batch][n_head * head_dim]            */
-    float *proj;    /* [n_batch][n_embd] block output          */
-    float *scores;  /* [n_threads][n_ctx] attention scratch    */
-    float *router;  /* [n_batch][n_expert] router logits       */
-    float *probs;   /* [n_expert] routing scratch              */
-    int32_t *ids;   /* [n_batch][k] chosen experts             */
-    float *weights; /* [n_batch][k] their weights              */
-    nm_moe_scratch *moe;
+    float *k_cache;                    /* [n_layer][n_kv][n_head_kv * head_dim] */
+    float *v_cache;                    /* [n_layer][n_kv][n_head_kv * head_dim] */
+    float *x;                          /* [n_batch][n_embd] residual stream       */
+    float *xn;                         /* [n_batch][n_embd] normed input of a block */
+    float *q;                          /* [n_batch][n_head * head_dim]            */
+    float *att;                        /* [n_batch][n_head * head_dim]            */
+    float *proj;                       /* [n_batch][n_embd] block output          */
+    float *scores;                     /* [n_threads][n_kv] attention scratch     */
+    float *router;                     /* [n_batch][n_expert] router logits       */
+    float *probs;                      /* [n_expert] routing scratch              */
+    int32_t *ids;                      /* [n_batch][k] chosen experts             */
+    float *weights;                    /* [n_batch][k] their weights              */
+    const nm_expert_weights **experts; /* [n_layer] the layers' expert stacks */
+    nm_moe_exec *dense;                /* host MoE: decode, and every batch in dense mode */
+    nm_moe_exec *prefill;              /* the static mode's executor, NULL in dense mode  */
 };
 
 static float *alloc_floats(nm_model_state *st, size_t n, bool *ok) {
@@ -42,19 +45,24 @@ static float *alloc_floats(nm_model_state *st, size_t n, bool *ok) {
     return p;
 }
 
-nm_status nm_model_state_new(const nm_model *m, int32_t n_ctx, int32_t n_batch, int n_threads,
-                             nm_model_state **out, nm_error *err) {
+nm_status nm_model_state_new(const nm_model *m, const nm_state_params *p, nm_model_state **out,
+                             nm_error *err) {
     *out = NULL;
     const nm_hparams *hp = &m->hp;
+    int32_t n_ctx = p->n_ctx, n_batch = p->n_batch;
+    const int n_threads = p->n_threads;
     if (n_ctx < 1)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "context size %d must be at least 1", n_ctx);
     if (n_batch < 1)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "batch size %d must be at least 1", n_batch);
-    if (n_batch > n_ctx) n_batch = n_ctx; /* a batch never holds more than the context */
+    /* a batch never holds more than the context, but a static chunk keeps its
+     * shape: the cache has room for the padding of a last chunk */
+    if (p->mode == NM_MODE_DENSE && n_batch > n_ctx) n_batch = n_ctx;
     nm_model_state *st = nm_calloc(1, sizeof *st);
     if (!st) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
     st->n_ctx = n_ctx;
     st->n_batch = n_batch;
+    st->n_kv = n_ctx + (p->mode == NM_MODE_DENSE ? 0 : n_batch - 1);
     nm_status s = nm_pool_new(n_threads, &st->pool, err);
     if (s != NM_OK) {
         nm_free(st);
@@ -64,27 +72,41 @@ nm_status nm_model_state_new(const nm_model *m, int32_t n_ctx, int32_t n_batch, 
     const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
     const size_t nb = (size_t)n_batch, d = (size_t)hp->n_embd, k = (size_t)hp->n_expert_used;
     bool ok = true;
-    st->k_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)n_ctx * kv_dim, &ok);
-    st->v_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)n_ctx * kv_dim, &ok);
+    st->k_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim, &ok);
+    st->v_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim, &ok);
     st->x = alloc_floats(st, nb * d, &ok);
     st->xn = alloc_floats(st, nb * d, &ok);
     st->q = alloc_floats(st, nb * q_dim, &ok);
     st->att = alloc_floats(st, nb * q_dim, &ok);
     st->proj = alloc_floats(st, nb * d, &ok);
-    st->scores = alloc_floats(st, (size_t)n_threads * (size_t)n_ctx, &ok);
+    st->scores = alloc_floats(st, (size_t)n_threads * (size_t)st->n_kv, &ok);
     st->router = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
     st->probs = alloc_floats(st, (size_t)hp->n_expert, &ok);
     st->weights = alloc_floats(st, nb * k, &ok);
     st->ids = nm_calloc(nb * k, sizeof(int32_t));
-    if (!st->ids) ok = false;
+    st->experts = nm_calloc((size_t)hp->n_layer, sizeof *st->experts);
+    if (!st->ids || !st->experts) ok = false;
     if (!ok) {
         nm_model_state_free(st);
         return nm_errorf(err, NM_ERR_NOMEM,
                          "out of memory for a session of %d positions (KV cache %.1f MiB)", n_ctx,
                          2.0 * hp->n_layer * n_ctx * kv_dim * sizeof(float) / 1048576.0);
     }
-    s = nm_moe_scratch_new(n_batch, hp->n_expert_used, hp->n_expert, hp->n_embd, hp->n_ff_exp,
-                           n_threads, &st->moe, err);
+    for (int il = 0; il < hp->n_layer; il++)
+        st->experts[il] = &m->layers[il].experts;
+    nm_moe_exec_params ep = {.mode = NM_MODE_DENSE,
+                             .chunk = n_batch,
+                             .n_layer = hp->n_layer,
+                             .weights = st->experts,
+                             .k = hp->n_expert_used,
+                             .n_threads = n_threads};
+    s = nm_moe_exec_new(&ep, &st->dense, err);
+    if (s == NM_OK && p->mode != NM_MODE_DENSE) {
+        ep.mode = p->mode;
+        ep.plan = p->plan;
+        ep.device = p->device;
+        s = nm_moe_exec_new(&ep, &st->prefill, err);
+    }
     if (s != NM_OK) {
         nm_model_state_free(st);
         return s;
@@ -108,13 +130,17 @@ void nm_model_state_free(nm_model_state *st) {
     nm_free(st->probs);
     nm_free(st->ids);
     nm_free(st->weights);
-    nm_moe_scratch_free(st->moe);
+    nm_moe_exec_free(st->prefill);
+    nm_moe_exec_free(st->dense);
+    nm_free(st->experts);
     nm_free(st);
 }
 
 int32_t nm_model_state_n_ctx(const nm_model_state *st) { return st->n_ctx; }
 int32_t nm_model_state_n_batch(const nm_model_state *st) { return st->n_batch; }
 size_t nm_model_state_bytes(const nm_model_state *st) { return st->n_bytes; }
+nm_moe_exec *nm_model_state_prefill_exec(nm_model_state *st) { return st->prefill; }
+nm_moe_exec *nm_model_state_dense_exec(nm_model_state *st) { return st->dense; }
 
 /* ---- parallel matmul: output columns split into tiles ---- */
 
@@ -170,8 +196,8 @@ static void attention_block(const nm_model *m, nm_model_state *st, int il, int32
     const nm_layer *l = &m->layers[il];
     const int64_t d = hp->n_embd, hd = hp->head_dim;
     const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
-    float *k_layer = st->k_cache + (size_t)il * st->n_ctx * kv_dim;
-    float *v_layer = st->v_cache + (size_t)il * st->n_ctx * kv_dim;
+    float *k_layer = st->k_cache + (size_t)il * st->n_kv * kv_dim;
+    float *v_layer = st->v_cache + (size_t)il * st->n_kv * kv_dim;
     float *k_new = k_layer + (size_t)n_past * kv_dim; /* [n][kv_dim], straight into the cache */
     float *v_new = v_layer + (size_t)n_past * kv_dim;
 
@@ -203,8 +229,9 @@ static void attention_block(const nm_model *m, nm_model_state *st, int il, int32
 
 /* ---- MoE block ---- */
 
-/* x += MoE(rmsnorm(x)), routed by the architecture, run grouped by expert. */
-static void moe_block(const nm_model *m, nm_model_state *st, int il, int32_t n) {
+/* x += MoE(rmsnorm(x)) for the n real rows (padding rows get nothing),
+ * routed by the architecture, run by the executor ex. */
+static void moe_block(const nm_model *m, nm_model_state *st, nm_moe_exec *ex, int il, int32_t n) {
     const nm_hparams *hp = &m->hp;
     const nm_layer *l = &m->layers[il];
     const int64_t d = hp->n_embd, k = hp->n_expert_used;
@@ -214,7 +241,7 @@ static void moe_block(const nm_model *m, nm_model_state *st, int il, int32_t n) 
     for (int32_t t = 0; t < n; t++)
         m->arch->route(hp, st->router + (size_t)t * hp->n_expert, st->ids + t * k,
                        st->weights + t * k, st->probs);
-    nm_moe_forward_dense(st->pool, &l->experts, st->xn, n, st->ids, st->weights, st->proj, st->moe);
+    nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
     for (int64_t i = 0; i < (int64_t)n * d; i++)
         st->x[i] += st->proj[i];
 }
@@ -234,14 +261,21 @@ nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t 
             return nm_errorf(err, NM_ERR_INVALID_ARG, "token id %d at position %d is not in 0..%d",
                              ids[t], n_past + t, hp->n_vocab - 1);
     const int64_t d = hp->n_embd;
-    for (int32_t t = 0; t < n; t++)
+    /* A prompt batch in a static mode is a chunk of exactly n_batch rows:
+     * the rows past n repeat the last token at the following positions.
+     * They are computed (a static graph would), attend only to earlier
+     * rows, are never routed, and their K/V land past n_past + n, where the
+     * next batch overwrites them: no real row sees them. */
+    nm_moe_exec *ex = st->prefill && n > 1 ? st->prefill : st->dense;
+    const int32_t n_rows = ex == st->prefill ? st->n_batch : n;
+    for (int32_t t = 0; t < n_rows; t++)
         nm_dequantize_row((nm_dtype)m->tok_embd.type,
                           (const uint8_t *)m->tok_embd.data +
-                              (size_t)ids[t] * m->tok_embd.row_bytes,
+                              (size_t)ids[t < n ? t : n - 1] * m->tok_embd.row_bytes,
                           st->x + t * d, d);
     for (int il = 0; il < hp->n_layer; il++) {
-        attention_block(m, st, il, n, n_past);
-        moe_block(m, st, il, n);
+        attention_block(m, st, il, n_rows, n_past);
+        moe_block(m, st, ex, il, n);
     }
     if (!logits) return NM_OK;
     const int32_t first = all_logits ? 0 : n - 1;

@@ -94,17 +94,30 @@ nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int
 /* KV cache and work buffers of one session, sized once. */
 typedef struct nm_model_state nm_model_state;
 
-nm_status nm_model_state_new(const nm_model *m, int32_t n_ctx, int32_t n_batch, int n_threads,
-                             nm_model_state **out, nm_error *err);
+typedef struct nm_state_params {
+    int32_t n_ctx;   /* positions */
+    int32_t n_batch; /* tokens per forward call; the chunk T in static modes */
+    int n_threads;
+    nm_mode mode;
+    const nm_moe_plan *plan; /* tiers, grouped, npumoe */
+    nm_device *device;       /* every mode but dense */
+} nm_state_params;
+
+nm_status nm_model_state_new(const nm_model *m, const nm_state_params *params, nm_model_state **out,
+                             nm_error *err);
 void nm_model_state_free(nm_model_state *st);
 int32_t nm_model_state_n_ctx(const nm_model_state *st);
 int32_t nm_model_state_n_batch(const nm_model_state *st);
 /* Bytes the state allocated (KV cache and buffers). */
 size_t nm_model_state_bytes(const nm_model_state *st);
+/* The MoE executors: the static mode's (NULL in dense mode), used for prompt
+ * batches of more than one token, and the dense one used otherwise. */
+nm_moe_exec *nm_model_state_prefill_exec(nm_model_state *st);
+nm_moe_exec *nm_model_state_dense_exec(nm_model_state *st);
 
-/* Runs n (1..n_batch) tokens at positions n_past..n_past+n-1 through every
- * layer, writing their K/V into the cache. logits: NULL, [n][n_vocab] when
- * all_logits, else [n_vocab] of the last token. */
+/* Runs n (1..n_batch) tokens (padded to a whole chunk in static modes) at positions
+ * n_past..n_past+n-1 through every layer, writing their K/V into the cache. logits: NULL,
+ * [n][n_vocab] when all_logits, else [n_vocab] of the last token. */
 nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t *ids, int32_t n,
                            int32_t n_past, float *logits, bool all_logits, nm_error *err);
 

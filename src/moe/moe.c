@@ -2,33 +2,12 @@
  * writes its results into per-assignment rows, so experts run in parallel
  * without sharing outputs, and the combine adds the slots of a token in
  * router order, as llama.cpp does. */
-#include "moe.h"
+#include "moe-impl.h"
 
 #include "base/base.h"
 
 #include <math.h>
 #include <string.h>
-
-struct nm_moe_scratch {
-    int32_t max_tokens;
-    int32_t k;
-    int32_t n_expert;
-    int64_t d_model;
-    int64_t d_ff;
-    int n_threads;
-    nm_moe_dispatch dispatch;
-    int32_t *fill; /* [n_expert] cursor while building the dispatch */
-    float *y;      /* [max_tokens * k][d_model] expert output per assignment */
-    float *xg;     /* [n_threads][max_tokens][d_model] gathered rows        */
-    float *gate;   /* [n_threads][max_tokens][d_ff]                          */
-    float *up;     /* [n_threads][max_tokens][d_ff]                          */
-};
-
-nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e) {
-    nm_mat m = *first;
-    m.data = (const uint8_t *)first->data + (size_t)e * stride;
-    return m;
-}
 
 void nm_moe_route_softmax_topk(const float *logits, int32_t n_expert, int32_t k, bool renorm,
                                int32_t *ids, float *weights, float *probs) {
@@ -76,8 +55,9 @@ nm_status nm_moe_scratch_new(int32_t max_tokens, int32_t k, int32_t n_expert, in
     s->xg = nm_calloc(per_thread * (size_t)d_model, sizeof(float));
     s->gate = nm_calloc(per_thread * (size_t)d_ff, sizeof(float));
     s->up = nm_calloc(per_thread * (size_t)d_ff, sizeof(float));
-    if (!s->dispatch.offset || !s->dispatch.rows || !s->fill || !s->y || !s->xg || !s->gate ||
-        !s->up) {
+    s->jobs = nm_calloc(2 * (size_t)n_expert, sizeof(nm_host_job));
+    if (!s->jobs || !s->dispatch.offset || !s->dispatch.rows || !s->fill || !s->y || !s->xg ||
+        !s->gate || !s->up) {
         nm_moe_scratch_free(s);
         return nm_errorf(err, NM_ERR_NOMEM, "out of memory for MoE buffers (%d tokens, %d experts)",
                          max_tokens, n_expert);
@@ -95,6 +75,7 @@ void nm_moe_scratch_free(nm_moe_scratch *s) {
     nm_free(s->xg);
     nm_free(s->gate);
     nm_free(s->up);
+    nm_free(s->jobs);
     nm_free(s);
 }
 
@@ -119,72 +100,83 @@ const nm_moe_dispatch *nm_moe_dispatch_build(nm_moe_scratch *s, const int32_t *i
     return d;
 }
 
-typedef struct dense_ctx {
+typedef struct host_ctx {
     const nm_expert_weights *w;
     const float *x;
     nm_moe_scratch *s;
-    const int32_t *active; /* [n_active] expert ids with at least one row */
-} dense_ctx;
+    const nm_host_job *jobs;
+} host_ctx;
 
-/* One task = one expert over all its rows. */
-static void dense_expert_task(void *p, int i, int thread) {
-    const dense_ctx *c = p;
+/* One task = one job: gather its rows, run the expert, scatter to y. */
+static void host_job_task(void *p, int i, int thread) {
+    const host_ctx *c = p;
     nm_moe_scratch *s = c->s;
-    const nm_moe_dispatch *d = &s->dispatch;
-    const int32_t e = c->active[i];
-    const int32_t r0 = d->offset[e], m = d->offset[e + 1] - r0;
+    const nm_host_job *job = &c->jobs[i];
     const int64_t dm = s->d_model, ff = s->d_ff;
     float *xg = s->xg + (size_t)thread * s->max_tokens * dm;  /* [m][d_model] */
     float *g = s->gate + (size_t)thread * s->max_tokens * ff; /* [m][d_ff]    */
     float *u = s->up + (size_t)thread * s->max_tokens * ff;   /* [m][d_ff]    */
-    for (int32_t r = 0; r < m; r++) {
-        const int32_t token = d->rows[r0 + r] / s->k;
+    for (int32_t r = 0; r < job->n_rows; r++) {
+        const int32_t token = job->rows[r] / s->k;
         memcpy(xg + (size_t)r * dm, c->x + (size_t)token * dm, (size_t)dm * sizeof(float));
     }
-    const nm_mat wg = nm_expert_mat(&c->w->gate, c->w->gate_stride, e);
-    const nm_mat wu = nm_expert_mat(&c->w->up, c->w->up_stride, e);
-    const nm_mat wd = nm_expert_mat(&c->w->down, c->w->down_stride, e);
-    nm_matmul_forward(&wg, xg, dm, m, g, ff, 0, ff);
-    nm_matmul_forward(&wu, xg, dm, m, u, ff, 0, ff);
-    nm_swiglu_forward(g, u, g, (int64_t)m * ff);
-    /* the gathered rows are dead now: their buffer takes the down output */
-    nm_matmul_forward(&wd, g, ff, m, xg, dm, 0, dm);
-    for (int32_t r = 0; r < m; r++) {
-        const int32_t a = d->rows[r0 + r];
-        memcpy(s->y + (size_t)a * dm, xg + (size_t)r * dm, (size_t)dm * sizeof(float));
-    }
+    /* the gathered rows are dead once gate and up are computed: their buffer
+     * takes the down output */
+    nm_expert_ffn_forward(c->w, job->expert, xg, dm, job->n_rows, g, u, xg, dm);
+    for (int32_t r = 0; r < job->n_rows; r++)
+        memcpy(s->y + (size_t)job->rows[r] * dm, xg + (size_t)r * dm, (size_t)dm * sizeof(float));
 }
 
-void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float *x,
-                          int32_t n_tokens, const int32_t *ids, const float *weights, float *out,
-                          nm_moe_scratch *s) {
-    const nm_moe_dispatch *d = nm_moe_dispatch_build(s, ids, n_tokens);
-    /* the experts with rows, most rows first so the big ones start early */
-    int32_t *active = s->fill;
-    int32_t n_active = 0;
-    for (int32_t e = 0; e < s->n_expert; e++)
-        if (d->offset[e + 1] > d->offset[e]) active[n_active++] = e;
-    for (int32_t i = 1; i < n_active; i++) {
-        int32_t e = active[i], load = d->offset[e + 1] - d->offset[e], j = i;
-        while (j > 0 && d->offset[active[j - 1] + 1] - d->offset[active[j - 1]] < load) {
-            active[j] = active[j - 1];
+void nm_moe_run_host_jobs(nm_pool *pool, const nm_expert_weights *w, const float *x,
+                          nm_moe_scratch *s, nm_host_job *jobs, int32_t n_jobs) {
+    /* most rows first, so the big ones start early */
+    for (int32_t i = 1; i < n_jobs; i++) {
+        nm_host_job job = jobs[i];
+        int32_t j = i;
+        while (j > 0 && jobs[j - 1].n_rows < job.n_rows) {
+            jobs[j] = jobs[j - 1];
             j--;
         }
-        active[j] = e;
+        jobs[j] = job;
     }
-    dense_ctx ctx = {.w = w, .x = x, .s = s, .active = active};
-    nm_pool_run(pool, dense_expert_task, &ctx, n_active);
+    host_ctx ctx = {.w = w, .x = x, .s = s, .jobs = jobs};
+    nm_pool_run(pool, host_job_task, &ctx, n_jobs);
+}
 
+void nm_moe_combine(const nm_moe_scratch *s, int32_t n_tokens, const float *weights,
+                    const uint8_t *keep, float *out) {
     const int64_t dm = s->d_model;
     for (int32_t t = 0; t < n_tokens; t++) {
         float *o = out + (size_t)t * dm;
         memset(o, 0, (size_t)dm * sizeof(float));
         for (int32_t slot = 0; slot < s->k; slot++) {
             const int32_t a = t * s->k + slot;
+            if (keep && !keep[a]) continue;
             const float wt = weights[a];
             const float *ya = s->y + (size_t)a * dm;
             for (int64_t i = 0; i < dm; i++)
                 o[i] += wt * ya[i];
         }
     }
+}
+
+void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float *x,
+                          int32_t n_tokens, const int32_t *ids, const float *weights, float *out,
+                          nm_moe_scratch *s) {
+    nm_moe_dispatch_build(s, ids, n_tokens);
+    nm_moe_dense_dispatched(pool, w, x, n_tokens, weights, out, s);
+}
+
+void nm_moe_dense_dispatched(nm_pool *pool, const nm_expert_weights *w, const float *x,
+                             int32_t n_tokens, const float *weights, float *out,
+                             nm_moe_scratch *s) {
+    const nm_moe_dispatch *d = &s->dispatch;
+    int32_t n_jobs = 0;
+    for (int32_t e = 0; e < s->n_expert; e++)
+        if (d->offset[e + 1] > d->offset[e])
+            s->jobs[n_jobs++] = (nm_host_job){.expert = e,
+                                              .n_rows = d->offset[e + 1] - d->offset[e],
+                                              .rows = d->rows + d->offset[e]};
+    nm_moe_run_host_jobs(pool, w, x, s, s->jobs, n_jobs);
+    nm_moe_combine(s, n_tokens, weights, NULL, out);
 }

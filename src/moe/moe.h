@@ -8,25 +8,12 @@
 
 #include "npumoe.h"
 
+#include "device/device.h"
 #include "kernels/kernels.h"
 #include "threads/threads.h"
 
 #include <stdbool.h>
 #include <stdint.h>
-
-/* The experts of one layer, as three stacks of matrices in the file. */
-typedef struct nm_expert_weights {
-    nm_mat gate;        /* expert 0: [d_ff][d_model] */
-    nm_mat up;          /* expert 0: [d_ff][d_model] */
-    nm_mat down;        /* expert 0: [d_model][d_ff] */
-    size_t gate_stride; /* bytes from one expert's gate matrix to the next */
-    size_t up_stride;
-    size_t down_stride;
-    int32_t n_expert;
-} nm_expert_weights;
-
-/* Expert e's matrix out of a stack. */
-nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e);
 
 /* Softmax over all n_expert logits, the k largest probabilities (ties to the
  * lower id) in descending order, renormalised to sum 1 when renorm.
@@ -63,5 +50,84 @@ const nm_moe_dispatch *nm_moe_dispatch_build(nm_moe_scratch *s, const int32_t *i
 void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float *x,
                           int32_t n_tokens, const int32_t *ids, const float *weights, float *out,
                           nm_moe_scratch *s);
+
+/* ---- static execution (static.c) ---- */
+
+/* A group of experts of one layer that share a tier and one graph. */
+typedef struct nm_moe_group {
+    int32_t capacity; /* the tier: rows reserved for each expert */
+    int32_t n_experts;
+    int32_t *experts; /* [n_experts] */
+    bool on_device;   /* false: the host computes these experts (npumoe mode) */
+} nm_moe_group;
+
+typedef struct nm_moe_layer_plan {
+    int32_t n_groups;
+    nm_moe_group *groups; /* [n_groups]; each expert is in exactly one group */
+} nm_moe_layer_plan;
+
+/* The static layout a plan gives the executor. */
+typedef struct nm_moe_plan {
+    int32_t chunk; /* T: tokens per prefill chunk */
+    int32_t n_layer;
+    int32_t n_expert;
+    nm_overflow overflow;
+    nm_salience salience;
+    nm_moe_layer_plan *layers; /* [n_layer] */
+} nm_moe_plan;
+
+/* Checks a plan against a model's shape: every expert of every layer in
+ * exactly one group, capacities in [1, chunk], policies known. Errors name
+ * the layer, group and expert. */
+nm_status nm_moe_plan_check(const nm_moe_plan *plan, int32_t n_layer, int32_t n_expert,
+                            nm_error *err);
+
+/* What one layer's MoE did, summed over the chunks run. */
+typedef struct nm_moe_layer_metrics {
+    uint64_t chunks;
+    uint64_t assignments;   /* (token, expert) pairs routed      */
+    uint64_t dropped;       /* discarded by capacity             */
+    uint64_t spilled;       /* overflow computed on the host     */
+    uint64_t host_rows;     /* rows computed by the host (host experts, spills, dense) */
+    uint64_t device_rows;   /* rows filled in device graphs      */
+    uint64_t reserved_rows; /* capacity rows of the graphs dispatched */
+    uint64_t dispatches;
+    int64_t host_ns; /* host expert work                  */
+    int64_t wait_ns; /* time the host waited for the device */
+} nm_moe_layer_metrics;
+
+/* Called with each chunk's load per expert (calibration). */
+typedef void (*nm_load_fn)(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert);
+
+typedef struct nm_moe_exec_params {
+    nm_mode mode;
+    const nm_moe_plan *plan; /* tiers, grouped, npumoe                    */
+    nm_device *device;       /* every mode but dense                       */
+    int32_t chunk;           /* T; the most tokens one call may bring      */
+    int32_t n_layer;
+    const nm_expert_weights *const *weights; /* [n_layer] */
+    int32_t k;
+    int n_threads; /* host threads (for scratch)                 */
+} nm_moe_exec_params;
+
+typedef struct nm_moe_exec nm_moe_exec;
+
+/* Builds the executor of a mode: compiles every graph the mode needs on the
+ * device, sizes every buffer once. */
+nm_status nm_moe_exec_new(const nm_moe_exec_params *params, nm_moe_exec **out, nm_error *err);
+void nm_moe_exec_free(nm_moe_exec *ex);
+
+/* One layer's MoE over n (<= chunk) tokens: out[t] = sum over the kept
+ * assignments of weight * FFN_e(xn[t]). x is the residual stream before the
+ * FFN norm (for salience), xn the FFN input; both [n][d_model]; ids,
+ * weights [n][k]; out [n][d_model]. */
+void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const float *x,
+                       const float *xn, int32_t n, const int32_t *ids, const float *weights,
+                       float *out);
+
+/* Per-layer metrics since creation or the last reset. */
+const nm_moe_layer_metrics *nm_moe_exec_metrics(const nm_moe_exec *ex);
+void nm_moe_exec_reset_metrics(nm_moe_exec *ex);
+void nm_moe_exec_set_load_fn(nm_moe_exec *ex, nm_load_fn fn, void *ctx);
 
 #endif /* NM_MOE_H */

@@ -1,0 +1,129 @@
+/* The static-graph device interface. A device compiles graphs of fixed shape
+ * and runs them asynchronously: the host writes a graph's input rows,
+ * submits, does other work, and waits on the graph's fence. The first graph
+ * kind is the grouped expert FFN: several experts of one layer, each with a
+ * fixed capacity of rows, in one dispatch. A device is a table of functions
+ * plus an opaque context (optional slots documented); adding a device never
+ * touches the engine. The `cpu` device (cpu/) implements it with the host
+ * kernels on worker threads of its own. */
+#ifndef NM_DEVICE_H
+#define NM_DEVICE_H
+
+#include "npumoe.h"
+
+#include "kernels/kernels.h"
+#include "threads/threads.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* What a grouped expert FFN graph computes, fixed at compile time. Rows
+ * [row0[i], row0[i] + capacity[i]) of the input belong to experts[i]:
+ * out = down_e(silu(gate_e(x)) * up_e(x)) for each of those rows. Rows the
+ * host leaves empty must be zero; their output is ignored. */
+typedef struct nm_ffn_spec {
+    int32_t layer;
+    int32_t n_experts;
+    const int32_t *experts;  /* [n_experts] expert ids of the layer       */
+    const int32_t *capacity; /* [n_experts] rows reserved for each, >= 1 */
+    int64_t d_model;
+    int64_t d_ff;
+    const nm_expert_weights *weights; /* the layer's experts, in host memory */
+} nm_ffn_spec;
+
+typedef struct nm_graph nm_graph;
+
+/* Counters a device keeps about itself since it was created. */
+typedef struct nm_device_stats {
+    uint64_t graphs_compiled;
+    uint64_t dispatches;    /* submissions                       */
+    int64_t busy_ns;        /* time spent executing graphs       */
+    uint64_t rows_computed; /* capacity rows run, padding included */
+    uint64_t device_bytes;  /* weight and buffer bytes the graphs hold */
+} nm_device_stats;
+
+typedef struct nm_device nm_device;
+
+/* The table a device implements. */
+typedef struct nm_device_ops {
+    const char *name;
+    /* Compiles a graph; the spec's arrays are copied. Weights may be copied
+     * or converted to the device's format (count them in device_bytes). */
+    nm_status (*compile)(nm_device *dev, const nm_ffn_spec *spec, nm_graph **out, nm_error *err);
+    /* The host-visible input buffer, [total rows][d_model], zeroed at
+     * compile time; and the output buffer of the same shape, valid after
+     * wait until the next submit. */
+    float *(*input)(nm_graph *g);
+    const float *(*output)(const nm_graph *g);
+    /* Starts the graph; returns at once. A graph is submitted at most once
+     * before its wait. */
+    void (*submit)(nm_graph *g);
+    /* Blocks until the graph submitted last has finished. */
+    void (*wait)(nm_graph *g);
+    void (*graph_free)(nm_graph *g);
+    void (*stats)(const nm_device *dev, nm_device_stats *out);
+    void (*free)(nm_device *dev);
+} nm_device_ops;
+
+struct nm_device {
+    const nm_device_ops *ops;
+    void *ctx;
+};
+
+/* ---- graph-level helpers shared by devices ---- */
+
+/* Total rows of a spec (sum of capacities) and the first row of expert slot
+ * i: row0 must have n_experts entries. */
+int64_t nm_ffn_spec_rows(const nm_ffn_spec *spec);
+void nm_ffn_spec_row0(const nm_ffn_spec *spec, int64_t *row0);
+
+/* ---- devices ---- */
+
+typedef struct nm_cpu_device_params {
+    int n_threads; /* worker threads of the device (>= 1) */
+} nm_cpu_device_params;
+
+nm_status nm_cpu_device_new(const nm_cpu_device_params *params, nm_device **out, nm_error *err);
+
+/* Creates a device by name ("cpu"); n_threads as for the cpu device. */
+nm_status nm_device_new(const char *name, int n_threads, nm_device **out, nm_error *err);
+void nm_device_free(nm_device *dev);
+
+/* ---- measurement (profile.c) ---- */
+
+/* One measured graph shape. */
+typedef struct nm_profile_point {
+    int32_t n_experts;
+    int32_t capacity; /* rows per expert */
+    double graph_ms;  /* median time of submit + wait */
+} nm_profile_point;
+
+/* What a device measured about itself, for the planner. */
+typedef struct nm_profile {
+    char device[32];
+    int64_t d_model;
+    int64_t d_ff;
+    uint32_t weight_type;  /* nm_dtype the graphs were measured with */
+    double dispatch_ms;    /* submit + wait of the smallest graph, minus its compute */
+    double host_row_ms;    /* host cost of one expert row (gate, up, down) */
+    double host_expert_ms; /* host fixed cost per active expert */
+    int32_t n_points;
+    nm_profile_point *points; /* [n_points] */
+} nm_profile;
+
+/* Measures dev on the layer's experts w: for every (n, c) of
+ * grid_experts x grid_capacity (points in that order, experts outer), a graph
+ * over experts 0..n-1 with capacity c each, run reps times (after one
+ * untimed run), median submit + wait; the dispatch overhead; and the host's
+ * cost of one expert over m rows on host_pool, fitted as
+ * host_expert_ms + m * host_row_ms. progress, when not NULL, is called after
+ * each step with done of total steps. out is filled on NM_OK and must be
+ * released with nm_profile_free. */
+nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t d_model,
+                            int64_t d_ff, const int32_t *grid_experts, int n_grid_experts,
+                            const int32_t *grid_capacity, int n_grid_capacity, int reps,
+                            nm_pool *host_pool, void (*progress)(void *ctx, int done, int total),
+                            void *progress_ctx, nm_profile *out, nm_error *err);
+void nm_profile_free(nm_profile *p);
+
+#endif /* NM_DEVICE_H */

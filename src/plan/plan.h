@@ -1,0 +1,189 @@
+/* Offline planning: calibration statistics (per layer and expert, the load
+ * of every prefill chunk), device profiles, and the planner that turns both
+ * into a static plan (tiers, groups, residency); the JSON files of all three
+ * (DESIGN.md section 4) with full validation. The public nm_plan handle is
+ * this part's struct nm_plan. Not here: running a plan (moe/static.c) or
+ * measuring a device (device/profile.c). */
+#ifndef NM_PLAN_H
+#define NM_PLAN_H
+
+#include "npumoe.h"
+
+#include "device/device.h"
+#include "moe/moe.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Limits the files and the planner accept. A chunk of 64K tokens is far
+ * beyond any prefill chunk a static graph is compiled for; the histogram
+ * cap (cells of nm_calib.hist, 512 MiB of counts) holds 64 layers x 256
+ * experts x T = 4096, and stops a short hostile file from asking for
+ * gigabytes. */
+#define NM_PLAN_MAX_CHUNK 65536
+#define NM_PLAN_MAX_LAYERS 4096
+#define NM_PLAN_MAX_EXPERTS 65536
+#define NM_PLAN_MAX_TIERS 32
+#define NM_CALIB_MAX_CELLS ((int64_t)1 << 26)
+#define NM_CALIB_MAX_CHUNKS ((int64_t)1 << 31)
+
+/* ---- model fingerprint (fingerprint.c) ---- */
+
+/* A hex digest of what makes two files the same model for planning: the
+ * architecture, the MoE shape (layers, d_model, experts, k, d_ff) and the
+ * tensor table (names, types, shapes; not the data, so it costs
+ * microseconds): FNV-1a 64 over a length-prefixed little-endian
+ * serialisation. Re-quantising a model changes it; retraining weights in
+ * place does not. 16 lowercase hex digits + NUL. */
+typedef struct nm_fingerprint {
+    char hex[17];
+} nm_fingerprint;
+
+void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out);
+
+/* ---- calibration (calib.c) ---- */
+
+/* Per layer and expert, the histogram of per-chunk loads. Every layer sees
+ * the same chunks: n_chunks records each, and the loads of one chunk of
+ * one layer sum to k times its tokens. */
+typedef struct nm_calib {
+    nm_fingerprint fingerprint;
+    int32_t chunk; /* T */
+    int32_t k;     /* experts per token */
+    int32_t n_layer;
+    int32_t n_expert;
+    int64_t n_chunks; /* chunks recorded (per layer) */
+    int64_t n_tokens; /* tokens in those chunks (per layer), padding included */
+    /* [n_layer][n_expert][chunk + 1]: hist[l][e][c] = chunks in which expert
+     * e of layer l received exactly c assignments */
+    int64_t *hist;
+} nm_calib;
+
+/* An empty calibration of model for chunks of T = chunk tokens
+ * (1..NM_PLAN_MAX_CHUNK). NM_ERR_CAPACITY when the histogram would exceed
+ * NM_CALIB_MAX_CELLS. */
+nm_status nm_calib_new(const nm_model *model, int32_t chunk, nm_calib **out, nm_error *err);
+void nm_calib_free(nm_calib *calib);
+/* Records one chunk's loads of one layer (an nm_load_fn: ctx is the calib).
+ * Layer 0 counts the chunk and its tokens (sum of loads / k). Programmer
+ * errors (NM_ASSERT): n_expert or layer not the calibration's, a load
+ * outside [0, chunk], loads that do not sum to a multiple of k. */
+void nm_calib_record(void *calib, int32_t layer, const int32_t *loads, int32_t n_expert);
+/* Load statistics of one expert over the chunks recorded (0 when none):
+ * the quantile is the smallest c with P(load <= c) >= q, q in [0, 1]. */
+int32_t nm_calib_quantile(const nm_calib *calib, int32_t layer, int32_t expert, double q);
+double nm_calib_mean(const nm_calib *calib, int32_t layer, int32_t expert);
+int32_t nm_calib_max(const nm_calib *calib, int32_t layer, int32_t expert);
+/* Fraction of chunks in which the expert received at least one assignment. */
+double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert);
+
+/* Whether calib was made on model: the fingerprint (the message names both)
+ * and the shape (layers, experts, k). NM_ERR_INVALID_ARG otherwise. */
+nm_status nm_calib_check_model(const nm_calib *calib, const nm_model *model, nm_error *err);
+
+/* The file: {"format": "npumoe-calib", "version": 1, "fingerprint", "chunk",
+ * "k", "n_layer", "n_expert", "n_chunks", "n_tokens", "layers": [{"experts":
+ * [{"mean", "max", "q50", "q90", "q95", "q99", "hist": [[load, count],
+ * ...]}]}]}. The sparse histogram (loads ascending, counts >= 1) is the
+ * truth; the summaries are for people and are checked against it on load,
+ * as are: every expert's counts sum to n_chunks, every layer's assignments
+ * (sum of load * count) equal n_tokens * k, n_chunks <= n_tokens <=
+ * n_chunks * chunk. Save refuses a calibration whose layers saw different
+ * numbers of chunks (a recording stopped inside a forward pass). */
+nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err);
+nm_status nm_calib_load(const char *path, nm_calib **out, nm_error *err);
+/* The same from memory; name stands for the file in messages. */
+nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *name, nm_calib **out,
+                               nm_error *err);
+
+/* ---- device profile (profile_io.c; nm_profile is declared in device.h) ---- */
+
+/* Checks what the planner relies on: a device name, d_model and d_ff >= 1, a
+ * known weight type, finite times (dispatch_ms and host_expert_ms >= 0, as
+ * a fit may give 0; host_row_ms and every graph_ms > 0; all <= 1e9 ms), at
+ * least one point, points with n_experts >= 1 and capacity >= 1, no shape
+ * twice, and the points forming a full grid (every measured expert count
+ * with every measured capacity), which is what interpolation needs and what
+ * nm_device_profile measures. */
+nm_status nm_profile_check(const nm_profile *profile, nm_error *err);
+
+/* The file: {"format": "npumoe-profile", "version": 1, "device", "d_model",
+ * "d_ff", "weight_type" (a ggml type name, "f32"), "dispatch_ms",
+ * "host_row_ms", "host_expert_ms", "points": [{"n_experts", "capacity",
+ * "graph_ms"}]}. Load applies nm_profile_check; release with
+ * nm_profile_free. */
+nm_status nm_profile_save(const nm_profile *profile, const char *path, nm_error *err);
+nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);
+nm_status nm_profile_load_memory(const char *text, size_t n_bytes, const char *name,
+                                 nm_profile *out, nm_error *err);
+
+/* ---- plan (planner.c, plan_io.c) ---- */
+
+typedef struct nm_plan_params {
+    /* candidate capacities, strictly ascending in [1, chunk], at most
+     * NM_PLAN_MAX_TIERS; NULL = the powers of two in [T/64, T) and T */
+    const int32_t *tiers;
+    int32_t n_tiers;
+    double quantile;      /* in (0, 1]: each expert gets the smallest tier >= this
+                             quantile of its per-chunk load; default 0.95 */
+    nm_overflow overflow; /* default spill */
+    nm_salience salience; /* default residual-norm */
+    /* device bytes the resident groups may hold (the experts' weights and
+     * the graphs' buffers), hottest (largest predicted saving) first;
+     * UINT64_MAX = unlimited (the default), 0 = everything on the host */
+    uint64_t device_memory_bytes;
+    /* most experts in one graph; 0 = the largest expert count the profile
+     * measured (shapes beyond the measurement are extrapolations, and real
+     * devices have graph size limits the profile would have hit) */
+    int32_t max_group_experts;
+} nm_plan_params;
+
+nm_plan_params nm_plan_default_params(void);
+
+/* Predicted cost of one chunk of one layer under the plan. */
+typedef struct nm_plan_cost {
+    double device_ms; /* device groups: each graph's measured time (dispatch included) */
+    double host_ms;   /* host experts' expected load + expected spills of device experts */
+    double chunk_ms;  /* max(device_ms, host_ms): they overlap */
+} nm_plan_cost;
+
+struct nm_plan {
+    nm_fingerprint fingerprint;
+    char device[32];
+    nm_moe_plan moe; /* chunk, groups (tier, experts, residency), policies */
+    int32_t n_tiers;
+    int32_t *tiers; /* [n_tiers] the tier set the plan chose from, ascending */
+    double quantile;
+    nm_plan_cost *layer_cost;  /* [n_layer] */
+    double predicted_chunk_ms; /* sum over layers */
+    uint64_t device_bytes;     /* predicted device memory of the resident groups */
+};
+
+/* Makes a plan from a calibration (same model, at least one chunk) and a
+ * device profile (same d_model and d_ff as the model). params NULL =
+ * defaults. How: DESIGN.md and the comment atop planner.c. */
+nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_profile *profile,
+                       const nm_plan_params *params, nm_plan **out, nm_error *err);
+void nm_plan_free(nm_plan *plan);
+
+/* The file: {"format": "npumoe-plan", "version": 1, "fingerprint", "device",
+ * "chunk", "n_layer", "n_expert", "tiers", "overflow", "salience",
+ * "quantile", "predicted_chunk_ms", "device_bytes", "layers": [{"groups":
+ * [{"tier", "experts": [...], "device"}], "cost": {"device_ms", "host_ms",
+ * "chunk_ms"}}]}. */
+nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err);
+/* Loads and validates a plan: every field, every group's tier one of the
+ * tiers, nm_moe_plan_check, costs consistent (chunk_ms = max(device, host),
+ * predicted_chunk_ms = their sum). Against a model: another model's plan is
+ * refused with a message naming both fingerprints, as is another shape.
+ * model may be NULL: everything but the match with a model is checked. */
+nm_status nm_plan_load(const char *path, const nm_model *model, nm_plan **out, nm_error *err);
+nm_status nm_plan_load_memory(const char *text, size_t n_bytes, const char *name,
+                              const nm_model *model, nm_plan **out, nm_error *err);
+
+/* Writes a human-readable summary (tiers, groups per layer, residency,
+ * predicted cost). */
+void nm_plan_describe(const nm_plan *plan, FILE *f);
+
+#endif /* NM_PLAN_H */

@@ -1,0 +1,354 @@
+/* The static-graph modes against the exact dense mode and llama.cpp's
+ * goldens (tiny-qwen3moe, F32): with capacities that hold every load, every
+ * mode gives dense's logits; spill gives them for any capacities; drop
+ * accounting equals a brute-force recount from the routed loads; the
+ * dropped assignments are exactly the lowest-salience ones; dispatch counts
+ * per mode; a padded last chunk changes neither logits nor the KV cache. */
+#include "harness.h"
+
+#include "engine/engine.h"
+#include "model/model.h"
+#include "plan/plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VEC NM_VECTORS_DIR "/tiny-qwen3moe/"
+enum { T = 16, MAX_IDS = 512, N_EXPERT = 8, N_LAYER = 3 };
+
+static int read_prompt(int line_no, int32_t *out) {
+    size_t n_bytes;
+    char *text = (char *)nm_test_read_file(VEC "prompts.txt", &n_bytes);
+    if (!text) return -1;
+    char *line = text;
+    for (int i = 0; i < line_no && line; i++) {
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    int n = 0;
+    while (line && *line && *line != '\n' && n < MAX_IDS) {
+        char *end;
+        long v = strtol(line, &end, 10);
+        if (end == line) break;
+        out[n++] = (int32_t)v;
+        line = end;
+        while (*line == ' ')
+            line++;
+    }
+    free(text);
+    return n;
+}
+
+/* A plan whose groups split the experts by parity; odd groups on the host
+ * when host_odd. capacity applies to every group. */
+typedef struct test_plan {
+    nm_plan plan;
+    nm_moe_layer_plan layers[N_LAYER];
+    nm_moe_group groups[N_LAYER][2];
+    int32_t experts[N_LAYER][2][N_EXPERT / 2];
+} test_plan;
+
+static void make_plan(test_plan *tp, int32_t capacity, bool host_odd, nm_overflow overflow,
+                      nm_salience salience) {
+    memset(tp, 0, sizeof *tp);
+    nm_moe_plan *p = &tp->plan.moe;
+    p->chunk = T;
+    p->n_layer = N_LAYER;
+    p->n_expert = N_EXPERT;
+    p->overflow = overflow;
+    p->salience = salience;
+    p->layers = tp->layers;
+    for (int l = 0; l < N_LAYER; l++) {
+        tp->layers[l].n_groups = 2;
+        tp->layers[l].groups = tp->groups[l];
+        for (int g = 0; g < 2; g++) {
+            for (int i = 0; i < N_EXPERT / 2; i++)
+                tp->experts[l][g][i] = 2 * i + g;
+            tp->groups[l][g] = (nm_moe_group){.capacity = capacity,
+                                              .n_experts = N_EXPERT / 2,
+                                              .experts = tp->experts[l][g],
+                                              .on_device = !(host_odd && g == 1)};
+        }
+    }
+}
+
+/* Per-chunk loads seen by a session, for brute-force recounts. */
+typedef struct load_log {
+    int64_t n;
+    int32_t loads[4096][N_EXPERT];
+    int32_t layer[4096];
+} load_log;
+
+static void log_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert) {
+    load_log *log = ctx;
+    if (log->n >= 4096) return;
+    memcpy(log->loads[log->n], loads, (size_t)n_expert * sizeof(int32_t));
+    log->layer[log->n++] = layer;
+}
+
+static double max_rel(const float *a, const float *b, size_t rows, int n_vocab) {
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double max_d = 0, max_b = 0;
+        for (int i = 0; i < n_vocab; i++) {
+            double d = fabs((double)a[r * n_vocab + i] - b[r * n_vocab + i]);
+            if (!(d <= max_d)) max_d = isnan(d) ? INFINITY : d;
+            if (fabs(b[r * n_vocab + i]) > max_b) max_b = fabs(b[r * n_vocab + i]);
+        }
+        if (max_d / max_b > worst) worst = max_d / max_b;
+    }
+    return worst;
+}
+
+static nm_session *open_session(nm_model *m, nm_mode mode, const nm_plan *plan, nm_device *dev) {
+    nm_session_params sp = nm_session_default_params();
+    sp.n_ctx = 512;
+    sp.n_batch = T;
+    sp.n_threads = 2;
+    sp.mode = mode;
+    sp.plan = plan;
+    sp.device = dev;
+    nm_session *s = NULL;
+    nm_error err = {0};
+    nm_status st = nm_session_new(m, &sp, &s, &err);
+    if (st != NM_OK) fprintf(stderr, "session (%s): %s\n", nm_mode_name(mode), err.msg);
+    CHECK_INT_EQ(st, NM_OK);
+    return s;
+}
+
+/* Runs ids through a session: all logits, then n_decode greedy steps whose
+ * logits follow in out. Returns the load log of the run. */
+static void run(nm_session *s, const int32_t *ids, int n, int n_decode, float *out, int n_vocab,
+                load_log *log) {
+    nm_error err = {0};
+    if (log) {
+        log->n = 0;
+        nm_session_set_load_fn(s, log_loads, log);
+    }
+    CHECK_INT_EQ(nm_session_eval(s, ids, n, out, true, &err), NM_OK);
+    if (log) nm_session_set_load_fn(s, NULL, NULL);
+    const float *last = out + (size_t)(n - 1) * n_vocab;
+    for (int i = 0; i < n_decode; i++) {
+        int32_t next = nm_argmax(last, n_vocab);
+        float *row = out + (size_t)(n + i) * n_vocab;
+        CHECK_INT_EQ(nm_session_eval(s, &next, 1, row, false, &err), NM_OK);
+        last = row;
+    }
+}
+
+/* Executor level: 6 tokens all routed to experts 0 and 1, capacity 2, drop:
+ * the outputs show which assignments kept their slots, which must be the two
+ * most salient for each expert under each policy. */
+static void test_lowest_salience_dropped(nm_model *m, nm_device *dev) {
+    enum { N = 6, K = 2, CAP = 2 };
+    const nm_expert_weights *w = &m->layers[0].experts;
+    const int64_t d = w->down.n, ff = w->gate.n;
+    float x[N * 64], xn[N * 64], weights[N * K], out[N * 64];
+    int32_t ids[N * K];
+    uint64_t rng = 12345;
+    for (int i = 0; i < N * 64; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(rng >> 11) * 0x1.0p-53 * 2 - 1) * (1 + i / 64);
+    }
+    for (int i = 0; i < N * 64; i++)
+        xn[i] = x[(i + 64 * 3) % (N * 64)] * 0.5f; /* other order */
+    for (int t = 0; t < N; t++) {
+        ids[t * K] = 0;
+        ids[t * K + 1] = 1;
+        weights[t * K] = 0.5f + 0.07f * (float)((t * 5) % N); /* a permutation */
+        weights[t * K + 1] = 0.9f - 0.11f * (float)t;
+    }
+    float f[2][N * 64], gate[N * 32], up[N * 32]; /* FFN_e(xn_t) on the host */
+    CHECK(d == 64 && ff == 32);
+    for (int e = 0; e < 2; e++)
+        nm_expert_ffn_forward(w, e, xn, d, N, gate, up, f[e], d);
+
+    const nm_salience policies[3] = {NM_SALIENCE_ROUTER, NM_SALIENCE_RESIDUAL, NM_SALIENCE_INPUT};
+    for (int pi = 0; pi < 3; pi++) {
+        static test_plan tp;
+        make_plan(&tp, CAP, false, NM_OVERFLOW_DROP, policies[pi]);
+        tp.plan.moe.chunk = N;
+        const nm_expert_weights *layers[N_LAYER] = {w, &m->layers[1].experts,
+                                                    &m->layers[2].experts};
+        nm_moe_exec_params ep = {.mode = NM_MODE_GROUPED,
+                                 .plan = &tp.plan.moe,
+                                 .device = dev,
+                                 .chunk = N,
+                                 .n_layer = N_LAYER,
+                                 .weights = layers,
+                                 .k = K,
+                                 .n_threads = 1};
+        nm_moe_exec *ex = NULL;
+        nm_error err = {0};
+        CHECK_INT_EQ(nm_moe_exec_new(&ep, &ex, &err), NM_OK);
+        nm_pool *pool = NULL;
+        CHECK_INT_EQ(nm_pool_new(1, &pool, &err), NM_OK);
+        if (!ex || !pool) return;
+        nm_moe_exec_layer(ex, pool, 0, x, xn, N, ids, weights, out);
+        for (int e = 0; e < 2; e++) {
+            /* expected kept set: the CAP highest scores */
+            float score[N];
+            for (int t = 0; t < N; t++) {
+                const float *act = policies[pi] == NM_SALIENCE_RESIDUAL ? x : xn;
+                double ss = 0;
+                for (int i = 0; i < d; i++)
+                    ss += (double)act[t * d + i] * act[t * d + i];
+                score[t] = policies[pi] == NM_SALIENCE_ROUTER ? weights[t * K + e] : (float)ss;
+            }
+            int kept_want = 0, kept_match = 0;
+            for (int t = 0; t < N; t++) {
+                int better = 0;
+                for (int u = 0; u < N; u++)
+                    better += score[u] > score[t];
+                const bool want = better < CAP;
+                kept_want += want;
+                /* which of the four combinations the output row is */
+                double best = INFINITY;
+                int best_combo = -1;
+                for (int combo = 0; combo < 4; combo++) {
+                    double dist = 0;
+                    for (int i = 0; i < d; i++) {
+                        double v = ((combo & 1) ? weights[t * K] * f[0][t * d + i] : 0) +
+                                   ((combo & 2) ? weights[t * K + 1] * f[1][t * d + i] : 0);
+                        dist += fabs(v - out[t * d + i]);
+                    }
+                    if (dist < best) best = dist, best_combo = combo;
+                }
+                kept_match += (((best_combo >> e) & 1) != 0) == want;
+            }
+            CHECK_INT_EQ(kept_want, CAP);
+            if (kept_match != N)
+                fprintf(stderr, "salience %s expert %d: kept set differs\n",
+                        nm_salience_name(policies[pi]), e);
+            CHECK_INT_EQ(kept_match, N);
+        }
+        nm_pool_free(pool);
+        nm_moe_exec_free(ex);
+    }
+}
+
+int main(void) {
+    nm_model *m = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_model_load(VEC "model.gguf", NULL, &m, &err), NM_OK);
+    nm_device *dev = NULL;
+    CHECK_INT_EQ(nm_device_new("cpu", 1, &dev, &err), NM_OK);
+    if (!m || !dev) return nm_test_finish("test_static");
+    const int nv = m->hp.n_vocab;
+    int32_t ids[MAX_IDS];
+    const int n = read_prompt(3, ids); /* 100 tokens: 6 chunks of 16 and a padded 4 */
+    CHECK_INT_EQ(n, 100);
+    const int n_decode = 5, rows = n + n_decode;
+    float *dense = malloc((size_t)rows * nv * sizeof(float));
+    float *got = malloc((size_t)rows * nv * sizeof(float));
+    static load_log log;
+
+    /* the reference: dense mode, chunks of T, then decode */
+    nm_session *s = open_session(m, NM_MODE_DENSE, NULL, NULL);
+    run(s, ids, n, n_decode, dense, nv, &log);
+    nm_session_free(s);
+
+    /* capacities that hold every load: every mode equals dense */
+    static test_plan full, tiny_spill, tiny_drop;
+    make_plan(&full, T, true, NM_OVERFLOW_DROP, NM_SALIENCE_ROUTER);
+    const nm_mode modes[4] = {NM_MODE_NAIVE, NM_MODE_TIERS, NM_MODE_GROUPED, NM_MODE_NPUMOE};
+    for (int i = 0; i < 4; i++) {
+        s = open_session(m, modes[i], &full.plan, dev);
+        if (!s) continue;
+        run(s, ids, n, n_decode, got, nv, &log);
+        double e = max_rel(got, dense, (size_t)rows, nv);
+        printf("%-8s full capacity: max rel vs dense %.3g (prefill + %d decode steps)\n",
+               nm_mode_name(modes[i]), e, n_decode);
+        CHECK(e < 1e-5);
+        nm_session_metrics mt;
+        nm_session_get_metrics(s, &mt);
+        CHECK_INT_EQ(mt.total.dropped, 0);
+        CHECK_INT_EQ(mt.total.spilled, 0);
+        CHECK_INT_EQ(mt.total.assignments, (uint64_t)n * 2 * N_LAYER);
+        /* dispatches: naive and tiers one per active expert per layer and
+         * chunk; grouped one per group; npumoe one per device group */
+        uint64_t want = 0;
+        for (int64_t c = 0; c < log.n; c++)
+            for (int e2 = 0; e2 < N_EXPERT; e2++)
+                if (modes[i] == NM_MODE_NAIVE || modes[i] == NM_MODE_TIERS)
+                    want += log.loads[c][e2] > 0;
+        if (modes[i] == NM_MODE_GROUPED) want = (uint64_t)log.n * 2;
+        if (modes[i] == NM_MODE_NPUMOE) want = (uint64_t)log.n * 1;
+        CHECK_INT_EQ(log.n, 7 * N_LAYER);
+        CHECK_INT_EQ(mt.total.dispatches, want);
+        if (modes[i] == NM_MODE_NPUMOE) CHECK(mt.total.host_rows > 0 && mt.total.device_rows > 0);
+        nm_session_free(s);
+    }
+
+    /* capacity 1 with spill: still exactly dense */
+    make_plan(&tiny_spill, 1, false, NM_OVERFLOW_SPILL, NM_SALIENCE_ROUTER);
+    s = open_session(m, NM_MODE_GROUPED, &tiny_spill.plan, dev);
+    if (s) {
+        run(s, ids, n, n_decode, got, nv, &log);
+        double e = max_rel(got, dense, (size_t)rows, nv);
+        nm_session_metrics mt;
+        nm_session_get_metrics(s, &mt);
+        printf("grouped capacity 1 spill: max rel vs dense %.3g, %llu of %llu spilled\n", e,
+               (unsigned long long)mt.total.spilled, (unsigned long long)mt.total.assignments);
+        CHECK(e < 1e-5);
+        uint64_t over = 0;
+        for (int64_t c = 0; c < log.n; c++)
+            for (int e2 = 0; e2 < N_EXPERT; e2++)
+                over += log.loads[c][e2] > 1 ? log.loads[c][e2] - 1 : 0;
+        CHECK_INT_EQ(mt.total.spilled, over);
+        CHECK_INT_EQ(mt.total.dropped, 0);
+        nm_session_free(s);
+    }
+
+    /* capacity 3 with drop: the recount from the routed loads */
+    const nm_salience saliences[3] = {NM_SALIENCE_ROUTER, NM_SALIENCE_RESIDUAL, NM_SALIENCE_INPUT};
+    for (int si = 0; si < 3; si++) {
+        make_plan(&tiny_drop, 3, false, NM_OVERFLOW_DROP, saliences[si]);
+        s = open_session(m, NM_MODE_GROUPED, &tiny_drop.plan, dev);
+        if (!s) continue;
+        run(s, ids, n, 0, got, nv, &log);
+        nm_session_metrics mt;
+        nm_session_get_metrics(s, &mt);
+        uint64_t over = 0;
+        for (int64_t c = 0; c < log.n; c++)
+            for (int e2 = 0; e2 < N_EXPERT; e2++)
+                over += log.loads[c][e2] > 3 ? log.loads[c][e2] - 3 : 0;
+        printf("grouped capacity 3 drop (%s): %llu dropped, recount %llu, max rel vs dense %.3g\n",
+               nm_salience_name(saliences[si]), (unsigned long long)mt.total.dropped,
+               (unsigned long long)over, max_rel(got, dense, (size_t)n, nv));
+        CHECK(over > 0);
+        CHECK_INT_EQ(mt.total.dropped, over);
+        CHECK_INT_EQ(mt.total.device_rows + mt.total.dropped, mt.total.assignments);
+        CHECK_INT_EQ(mt.total.reserved_rows, (uint64_t)log.n * N_EXPERT * 3);
+        nm_session_free(s);
+    }
+
+    test_lowest_salience_dropped(m, dev);
+
+    /* a plan for another shape or chunk is refused */
+    s = NULL;
+    nm_session_params sp = nm_session_default_params();
+    sp.n_batch = 32;
+    sp.mode = NM_MODE_GROUPED;
+    sp.plan = &full.plan;
+    sp.device = dev;
+    CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "chunks of 16") != NULL);
+    sp.n_batch = T;
+    sp.device = NULL;
+    CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_ERR_INVALID_ARG);
+    sp.device = dev;
+    sp.plan = NULL;
+    CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_ERR_INVALID_ARG);
+    full.groups[1][0].experts[0] = 1; /* expert 1 twice, expert 0 nowhere */
+    sp.plan = &full.plan;
+    CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "layer 1") != NULL);
+
+    free(dense);
+    free(got);
+    nm_device_free(dev);
+    nm_model_free(m);
+    return nm_test_finish("test_static");
+}
