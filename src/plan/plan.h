@@ -93,7 +93,10 @@ nm_status nm_calib_check_model(const nm_calib *calib, const nm_model *model, nm_
  * numbers of chunks (a recording stopped inside a forward pass). */
 nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err);
 nm_status nm_calib_load(const char *path, nm_calib **out, nm_error *err);
-/* The same from memory; name stands for the file in messages. */
+/* The same in memory: save hands out the document (the caller nm_free()s
+ * *text; *n_bytes excludes its NUL); for load, name stands for the file in
+ * messages. Files are written atomically (nm_json_write_file). */
+nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_bytes, nm_error *err);
 nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *name, nm_calib **out,
                                nm_error *err);
 
@@ -115,6 +118,8 @@ nm_status nm_profile_check(const nm_profile *profile, nm_error *err);
  * nm_profile_free. */
 nm_status nm_profile_save(const nm_profile *profile, const char *path, nm_error *err);
 nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);
+nm_status nm_profile_save_memory(const nm_profile *profile, char **text, size_t *n_bytes,
+                                 nm_error *err);
 nm_status nm_profile_load_memory(const char *text, size_t n_bytes, const char *name,
                                  nm_profile *out, nm_error *err);
 
@@ -173,6 +178,7 @@ void nm_plan_free(nm_plan *plan);
  * [{"tier", "experts": [...], "device"}], "cost": {"device_ms", "host_ms",
  * "chunk_ms"}}]}. */
 nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err);
+nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes, nm_error *err);
 /* Loads and validates a plan: every field, every group's tier one of the
  * tiers, nm_moe_plan_check, costs consistent (chunk_ms = max(device, host),
  * predicted_chunk_ms = their sum). Against a model: another model's plan is

@@ -196,6 +196,67 @@ def main():
     check(r.returncode == 0 and "top-1 agreement:      100.0000%" in out and "mean 0.000000" in out,
           "compare of the same model at other threads/batch agrees", out)
 
+    # ---- the NPUMoE loop: calibrate, profile, plan, run with the plan, bench ----
+    calib = os.path.join(tmp, "c.json")
+    prof = os.path.join(tmp, "p.json")
+    plan = os.path.join(tmp, "plan.json")
+    r = run(bin_, ["calibrate", "-m", model, "-f", gpl, "--chunk", "32", "-o", calib])
+    check(r.returncode == 0 and b"chunks of 32" in r.stdout and b"calibrate:" in r.stderr,
+          "calibrate writes a calibration with progress", (r.stdout + r.stderr).decode()[-300:])
+    r = run(bin_, ["profile", "-m", model, "--chunk", "32", "--reps", "1", "--grid-experts", "1,4",
+                   "--grid-capacity", "4,32", "-o", prof])
+    check(r.returncode == 0 and b"dispatch+sync" in r.stdout, "profile measures the device",
+          (r.stdout + r.stderr).decode()[-300:])
+    r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan])
+    check(r.returncode == 0 and os.path.exists(plan), "plan writes a plan", r.stderr.decode())
+    expect_error(bin_, ["plan", "-m", tiny, "--calib", calib, "--profile", prof, "-o", plan + "x"],
+                 "fingerprint", "a calibration of another model")
+    expect_error(bin_, ["run", "-m", tiny, "--plan", plan, "-p", "x"], "fingerprint",
+                 "a plan for another model")
+    expect_error(bin_, ["run", "-m", model, "--mode", "grouped", "-p", "x"], "needs a plan",
+                 "grouped mode without a plan")
+    expect_error(bin_, ["run", "-m", model, "--mode", "fast", "-p", "x"], "naive", "unknown mode")
+    expect_error(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan,
+                        "--overflow", "maybe"], "spill", "unknown overflow policy")
+    expect_error(bin_, ["bench", "-m", model, "-f", gpl, "--modes", "dense,tiers"], "needs --plan",
+                 "bench of a plan mode without a plan")
+    with open(plan + ".bad", "w") as f:
+        f.write('{"format": "npumoe-plan", "version": 1')
+    expect_error(bin_, ["run", "-m", model, "--plan", plan + ".bad", "-p", "x"], "plan.json.bad",
+                 "a truncated plan")
+    # every mode of the plan (spill is the default: exact) gives dense's logits
+    dense_l = os.path.join(tmp, "dense.f32")
+    with open(gpl, encoding="utf-8") as f:
+        paragraph = f.read()[:1500]  # a few hundred tokens: several chunks and a padded one
+    r = run(bin_, ["logits", "-m", model, "-p", paragraph, "-o", dense_l, "--all", "--chunk", "32"])
+    check(r.returncode == 0, "dense logits of a prompt", r.stderr.decode())
+    with open(dense_l, "rb") as f:
+        want = f.read()
+    for mode in ["naive", "tiers", "grouped", "npumoe"]:
+        out = os.path.join(tmp, mode + ".f32")
+        r = run(bin_, ["logits", "-m", model, "-p", paragraph, "-o", out, "--all", "--plan", plan,
+                       "--mode", mode])
+        with open(out, "rb") as f:
+            got = f.read() if r.returncode == 0 else b""
+        check(got == want, f"logits in mode {mode} with a spill plan equal dense's", r.stderr.decode())
+    r = run(bin_, ["run", "-m", model, "--plan", plan, "--mode", "grouped", "-p", paragraph,
+                   "-n", "4", "--json"])
+    try:
+        rj = json.loads(r.stdout)
+    except ValueError:
+        rj = {}
+    moe = rj.get("moe", {})
+    check(moe.get("mode") == "grouped" and moe.get("total", {}).get("dispatches", 0) > 0
+          and len(moe.get("layers", [])) == 4, "run --json reports the MoE metrics per layer",
+          r.stdout.decode()[:300])
+    prefix = os.path.join(tmp, "bench")
+    r = run(bin_, ["bench", "-m", model, "--plan", plan, "-f", gpl, "--lengths", "64,128", "-r", "1",
+                   "-o", prefix])
+    out = r.stdout.decode()
+    check(r.returncode == 0 and "| 128 | npumoe |" in out and all(
+        os.path.exists(prefix + ext) for ext in [".md", ".json", ".svg"]), "bench writes its reports",
+        out[-400:] + r.stderr.decode()[-300:])
+
     print(f"test_cli: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

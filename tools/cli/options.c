@@ -28,9 +28,11 @@ typedef struct option_def {
 } option_def;
 
 #define SCORE (CMD_PERPLEXITY | CMD_COMPARE)
-#define ALL_MODEL (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE)
-#define TEXT_IN (CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE)
-#define EVAL (CMD_RUN | CMD_LOGITS | SCORE)
+#define OFFLINE (CMD_CALIBRATE | CMD_PROFILE | CMD_PLAN)
+#define ALL_MODEL (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE | OFFLINE | CMD_BENCH)
+#define TEXT_IN (CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE | CMD_CALIBRATE | CMD_BENCH)
+#define EVAL (CMD_RUN | CMD_LOGITS | SCORE | CMD_CALIBRATE | CMD_BENCH)
+#define STATIC (CMD_RUN | CMD_LOGITS | SCORE | CMD_BENCH)
 #define F(field) offsetof(cli_options, field)
 
 static const option_def option_table[] = {
@@ -61,8 +63,41 @@ static const option_def option_table[] = {
      "and compare, the window length (default 512)"},
     {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
      "tokens per prefill step (default 512)"},
-    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS, "FILE",
-     "where to write float32 little-endian logits"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS | OFFLINE | CMD_BENCH, "FILE",
+     "output: logits (float32 LE), calibration/profile/plan JSON, or the bench report prefix"},
+    {"mode", 0, KIND_STR, F(mode), 0, 0, STATIC, "MODE",
+     "MoE prefill mode: dense, naive, tiers, grouped, npumoe (default dense; npumoe with --plan)"},
+    {"plan", 0, KIND_STR, F(plan), 0, 0, STATIC, "FILE", "static plan made by npumoe plan"},
+    {"device", 0, KIND_STR, F(device), 0, 0, STATIC | CMD_PROFILE, "NAME",
+     "static-graph device (default cpu)"},
+    {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE, "N",
+     "worker threads of the cpu device (default 1)"},
+    {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC | CMD_CALIBRATE | CMD_PROFILE, "T",
+     "prefill chunk: tokens per static step (default: the plan's, else 256)"},
+    {"calib", 0, KIND_STR, F(calib), 0, 0, CMD_PLAN, "FILE",
+     "calibration made by npumoe calibrate"},
+    {"profile", 0, KIND_STR, F(profile), 0, 0, CMD_PLAN, "FILE",
+     "device profile made by npumoe profile"},
+    {"tiers", 0, KIND_STR, F(tiers), 0, 0, CMD_PLAN, "LIST",
+     "candidate capacities, ascending, comma separated (default: from the chunk)"},
+    {"quantile", 0, KIND_F32, F(quantile), 1e-6, 1, CMD_PLAN, "Q",
+     "each expert's tier covers this quantile of its per-chunk load"},
+    {"overflow", 0, KIND_STR, F(overflow), 0, 0, CMD_PLAN, "drop|spill",
+     "what happens past an expert's capacity (default spill: exact)"},
+    {"salience", 0, KIND_STR, F(salience), 0, 0, CMD_PLAN, "POLICY",
+     "who keeps a slot on overflow: router, residual-norm, input-norm (default residual-norm)"},
+    {"device-memory", 0, KIND_U64, F(device_memory), 0, 0, CMD_PLAN, "BYTES",
+     "device memory budget for resident experts (default unlimited; 0 = none)"},
+    {"reps", 'r', KIND_I32, F(reps), 1, 1000, CMD_PROFILE | CMD_BENCH, "N",
+     "repetitions per measurement (default 5)"},
+    {"lengths", 0, KIND_STR, F(lengths), 0, 0, CMD_BENCH, "LIST",
+     "prompt lengths, comma separated (default 512,1024,2048)"},
+    {"modes", 0, KIND_STR, F(modes), 0, 0, CMD_BENCH, "LIST",
+     "modes to compare (default dense,naive,tiers,grouped,npumoe)"},
+    {"grid-experts", 0, KIND_STR, F(grid_experts), 0, 0, CMD_PROFILE, "LIST",
+     "experts per graph to measure (default 1,2,4,8,16)"},
+    {"grid-capacity", 0, KIND_STR, F(grid_capacity), 0, 0, CMD_PROFILE, "LIST",
+     "rows per expert to measure (default 4,8,16,...,chunk)"},
     {"all", 0, KIND_FLAG, F(all), 0, 0, CMD_LOGITS, NULL,
      "logits of every position ([n_positions][n_vocab]), not only the last"},
     {"candidate-model", 0, KIND_STR, F(cand_model), 0, 0, CMD_COMPARE, "FILE",
@@ -71,7 +106,7 @@ static const option_def option_table[] = {
      "candidate's threads (default: -t)"},
     {"candidate-batch", 0, KIND_I32, F(cand_batch), 1, 1 << 20, CMD_COMPARE, "N",
      "candidate's tokens per prefill step (default: -b)"},
-    {"json", 0, KIND_FLAG, F(json), 0, 0, CMD_RUN | SCORE, NULL,
+    {"json", 0, KIND_FLAG, F(json), 0, 0, CMD_RUN | SCORE | CMD_BENCH, NULL,
      "print one JSON object on stdout instead of text and statistics"},
     {"no-special", 0, KIND_FLAG, F(no_special), 0, 0, TEXT_IN, NULL,
      "treat special-token text such as <|im_start|> as plain text"},
@@ -99,6 +134,18 @@ static const struct {
      "[--candidate-batch N] [--json]",
      "score a text with a reference and a candidate configuration: perplexity of both, "
      "KL divergence and top-1 agreement of the candidate against the reference"},
+    {"calibrate", CMD_CALIBRATE, "calibrate -m MODEL -f TEXT -o CALIB.json [--chunk T] [--ctx N]",
+     "record every layer's per-expert load in every prefill chunk of a text"},
+    {"profile", CMD_PROFILE, "profile -m MODEL [--device cpu] -o PROFILE.json [--reps N]",
+     "measure the device's dispatch+sync latency and grouped-graph times, and the host's cost "
+     "per expert row, with the model's expert shapes"},
+    {"plan", CMD_PLAN,
+     "plan -m MODEL --calib CALIB --profile PROFILE [--tiers LIST] [--quantile Q] "
+     "[--overflow drop|spill] [--salience P] [--device-memory BYTES] -o PLAN.json",
+     "static capacity tiers, grouped graphs and residency from a calibration and a profile"},
+    {"bench", CMD_BENCH,
+     "bench -m MODEL --plan PLAN [-f TEXT] [--modes LIST] [--lengths LIST] [-r N] [-o PREFIX]",
+     "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG)"},
 };
 
 int cli_command_from_name(const char *name) {
@@ -118,6 +165,7 @@ static void set_defaults(cli_options *o) {
     o->repeat_penalty = sp.repeat_penalty;
     o->repeat_last_n = sp.repeat_last_n;
     o->seed = sp.seed;
+    o->device_memory = UINT64_MAX; /* unlimited unless given; 0 keeps every expert on the host */
 }
 
 static const option_def *find_option(const char *arg) {

@@ -15,6 +15,10 @@ enum {
     CMD_LOGITS = 1 << 3,
     CMD_PERPLEXITY = 1 << 4,
     CMD_COMPARE = 1 << 5,
+    CMD_CALIBRATE = 1 << 6,
+    CMD_PROFILE = 1 << 7,
+    CMD_PLAN = 1 << 8,
+    CMD_BENCH = 1 << 9,
 };
 
 typedef struct cli_options {
@@ -37,6 +41,23 @@ typedef struct cli_options {
     const char *cand_model;
     int32_t cand_threads;
     int32_t cand_batch;
+    const char *mode;
+    const char *plan;
+    const char *device;
+    int32_t device_threads;
+    int32_t chunk;
+    const char *calib;
+    const char *profile;
+    const char *tiers;
+    float quantile;
+    const char *overflow;
+    const char *salience;
+    uint64_t device_memory;
+    int32_t reps;
+    const char *lengths;
+    const char *modes;
+    const char *grid_experts;
+    const char *grid_capacity;
     bool json;
     bool all;
     bool no_special;

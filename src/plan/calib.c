@@ -1,0 +1,367 @@
+/* Calibration: per layer and expert, the histogram of how many assignments
+ * the expert received in each prefill chunk; its statistics; and the
+ * *.calib.json file, whose sparse histogram is the truth and whose summary
+ * numbers are checked against it on load. Not here: running the model to
+ * collect loads (the engine calls nm_calib_record through nm_load_fn). */
+#include "plan-impl.h"
+
+#include "base/base.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The quantiles written beside each histogram, for people. */
+static const struct {
+    const char *key;
+    double q;
+} summary_quantiles[] = {{"q50", 0.50}, {"q90", 0.90}, {"q95", 0.95}, {"q99", 0.99}};
+enum { N_SUMMARY = sizeof summary_quantiles / sizeof summary_quantiles[0] };
+
+static const int64_t *hist_row(const nm_calib *c, int32_t layer, int32_t expert) {
+    NM_ASSERT(layer >= 0 && layer < c->n_layer && expert >= 0 && expert < c->n_expert);
+    return c->hist +
+           ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)(c->chunk + 1);
+}
+
+/* A zeroed calibration of the given shape; the caller fills the rest. */
+static nm_status calib_alloc(int32_t chunk, int32_t n_layer, int32_t n_expert, nm_calib **out,
+                             nm_error *err) {
+    *out = NULL;
+    if (chunk < 1 || chunk > NM_PLAN_MAX_CHUNK)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "chunk %d is not in [1, %d]", chunk,
+                         NM_PLAN_MAX_CHUNK);
+    NM_ASSERT(n_layer >= 1 && n_expert >= 1);
+    const int64_t cells = (int64_t)n_layer * n_expert * ((int64_t)chunk + 1);
+    if (cells > NM_CALIB_MAX_CELLS)
+        return nm_errorf(err, NM_ERR_CAPACITY,
+                         "a calibration of %d layers x %d experts x %d loads is over the limit of "
+                         "%lld histogram cells",
+                         n_layer, n_expert, chunk + 1, (long long)NM_CALIB_MAX_CELLS);
+    nm_calib *c = nm_calloc(1, sizeof *c);
+    if (c) c->hist = nm_calloc((size_t)cells, sizeof(int64_t));
+    if (!c || !c->hist) {
+        nm_free(c);
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a calibration (%lld cells)",
+                         (long long)cells);
+    }
+    c->chunk = chunk;
+    c->n_layer = n_layer;
+    c->n_expert = n_expert;
+    *out = c;
+    return NM_OK;
+}
+
+nm_status nm_calib_new(const nm_model *model, int32_t chunk, nm_calib **out, nm_error *err) {
+    NM_ASSERT(model && out);
+    nm_status st = calib_alloc(chunk, model->hp.n_layer, model->hp.n_expert, out, err);
+    if (st != NM_OK) return st;
+    nm_model_fingerprint(model, &(*out)->fingerprint);
+    (*out)->k = model->hp.n_expert_used;
+    return NM_OK;
+}
+
+void nm_calib_free(nm_calib *calib) {
+    if (!calib) return;
+    nm_free(calib->hist);
+    nm_free(calib);
+}
+
+void nm_calib_record(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert) {
+    nm_calib *c = ctx;
+    NM_ASSERT(c && loads && n_expert == c->n_expert && layer >= 0 && layer < c->n_layer);
+    int64_t sum = 0;
+    for (int32_t e = 0; e < n_expert; e++) {
+        NM_ASSERT(loads[e] >= 0 && loads[e] <= c->chunk);
+        sum += loads[e];
+    }
+    NM_ASSERT(sum % c->k == 0 && sum <= (int64_t)c->chunk * c->k);
+    for (int32_t e = 0; e < n_expert; e++)
+        c->hist[((size_t)layer * (size_t)n_expert + (size_t)e) * (size_t)(c->chunk + 1) +
+                (size_t)loads[e]]++;
+    if (layer == 0) {
+        c->n_chunks++;
+        c->n_tokens += sum / c->k;
+    }
+}
+
+/* Chunks in the expert's histogram (n_chunks when the calibration is whole). */
+static int64_t row_total(const nm_calib *c, const int64_t *h) {
+    int64_t n = 0;
+    for (int32_t x = 0; x <= c->chunk; x++)
+        n += h[x];
+    return n;
+}
+
+int32_t nm_calib_quantile(const nm_calib *calib, int32_t layer, int32_t expert, double q) {
+    NM_ASSERT(q >= 0.0 && q <= 1.0);
+    const int64_t *h = hist_row(calib, layer, expert);
+    const int64_t n = row_total(calib, h);
+    if (n == 0) return 0;
+    const double need = q * (double)n;
+    int64_t cum = 0;
+    for (int32_t x = 0; x <= calib->chunk; x++) {
+        cum += h[x];
+        if ((double)cum >= need) return x;
+    }
+    return calib->chunk; /* unreachable: cum reaches n >= need */
+}
+
+double nm_calib_mean(const nm_calib *calib, int32_t layer, int32_t expert) {
+    const int64_t *h = hist_row(calib, layer, expert);
+    double sum = 0, n = 0;
+    for (int32_t x = 0; x <= calib->chunk; x++) {
+        sum += (double)x * (double)h[x];
+        n += (double)h[x];
+    }
+    return n > 0 ? sum / n : 0.0;
+}
+
+int32_t nm_calib_max(const nm_calib *calib, int32_t layer, int32_t expert) {
+    const int64_t *h = hist_row(calib, layer, expert);
+    for (int32_t x = calib->chunk; x > 0; x--)
+        if (h[x]) return x;
+    return 0;
+}
+
+double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert) {
+    const int64_t *h = hist_row(calib, layer, expert);
+    const int64_t n = row_total(calib, h);
+    return n > 0 ? (double)(n - h[0]) / (double)n : 0.0;
+}
+
+nm_status nm_calib_check_model(const nm_calib *calib, const nm_model *model, nm_error *err) {
+    nm_fingerprint fp;
+    nm_model_fingerprint(model, &fp);
+    if (strcmp(fp.hex, calib->fingerprint.hex) != 0)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the calibration was made on another model (fingerprint %s; this model "
+                         "is %s)",
+                         calib->fingerprint.hex, fp.hex);
+    if (calib->n_layer != model->hp.n_layer || calib->n_expert != model->hp.n_expert ||
+        calib->k != model->hp.n_expert_used)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the calibration has %d layers of %d experts top-%d, the model %d of %d "
+                         "top-%d",
+                         calib->n_layer, calib->n_expert, calib->k, model->hp.n_layer,
+                         model->hp.n_expert, model->hp.n_expert_used);
+    return NM_OK;
+}
+
+/* ---- the file ---- */
+
+nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_bytes, nm_error *err) {
+    NM_ASSERT(calib && text && n_bytes);
+    *text = NULL;
+    for (int32_t l = 0; l < calib->n_layer; l++)
+        for (int32_t e = 0; e < calib->n_expert; e++) {
+            const int64_t n = row_total(calib, hist_row(calib, l, e));
+            if (n != calib->n_chunks)
+                return nm_errorf(err, NM_ERR_INVALID_ARG,
+                                 "layer %d expert %d recorded %lld chunks, layer 0 %lld: the "
+                                 "calibration stopped inside a forward pass",
+                                 l, e, (long long)n, (long long)calib->n_chunks);
+        }
+    nm_json_writer *w = nm_json_writer_memory();
+    if (!w) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a calibration's text");
+    nm_json_begin_object(w);
+    nm_json_key(w, "format");
+    nm_json_write_str(w, NM_CALIB_FORMAT);
+    nm_json_key(w, "version");
+    nm_json_write_int(w, NM_PLAN_FILE_VERSION);
+    nm_json_key(w, "fingerprint");
+    nm_json_write_str(w, calib->fingerprint.hex);
+    nm_json_key(w, "chunk");
+    nm_json_write_int(w, calib->chunk);
+    nm_json_key(w, "k");
+    nm_json_write_int(w, calib->k);
+    nm_json_key(w, "n_layer");
+    nm_json_write_int(w, calib->n_layer);
+    nm_json_key(w, "n_expert");
+    nm_json_write_int(w, calib->n_expert);
+    nm_json_key(w, "n_chunks");
+    nm_json_write_int(w, calib->n_chunks);
+    nm_json_key(w, "n_tokens");
+    nm_json_write_int(w, calib->n_tokens);
+    nm_json_key(w, "layers");
+    nm_json_begin_array(w);
+    for (int32_t l = 0; l < calib->n_layer; l++) {
+        nm_json_begin_object(w);
+        nm_json_key(w, "experts");
+        nm_json_begin_array(w);
+        for (int32_t e = 0; e < calib->n_expert; e++) {
+            nm_json_begin_object(w);
+            nm_json_key(w, "mean");
+            nm_json_write_num(w, nm_calib_mean(calib, l, e));
+            nm_json_key(w, "max");
+            nm_json_write_int(w, nm_calib_max(calib, l, e));
+            for (int i = 0; i < N_SUMMARY; i++) {
+                nm_json_key(w, summary_quantiles[i].key);
+                nm_json_write_int(w, nm_calib_quantile(calib, l, e, summary_quantiles[i].q));
+            }
+            nm_json_key(w, "hist");
+            nm_json_begin_array(w);
+            const int64_t *h = hist_row(calib, l, e);
+            for (int32_t x = 0; x <= calib->chunk; x++) {
+                if (!h[x]) continue;
+                nm_json_begin_array(w);
+                nm_json_write_int(w, x);
+                nm_json_write_int(w, h[x]);
+                nm_json_end_array(w);
+            }
+            nm_json_end_array(w);
+            nm_json_end_object(w);
+        }
+        nm_json_end_array(w);
+        nm_json_end_object(w);
+    }
+    nm_json_end_array(w);
+    nm_json_end_object(w);
+    return nm_json_writer_finish(w, text, n_bytes, err);
+}
+
+nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err) {
+    NM_ASSERT(path);
+    char *text = NULL;
+    size_t n_bytes = 0;
+    nm_status st = nm_calib_save_memory(calib, &text, &n_bytes, err);
+    return nm_plan_save_text(path, st, text, n_bytes, err);
+}
+
+/* One expert's histogram from its object; checks the summaries. */
+static nm_status read_expert(const nm_json *obj, nm_calib *c, int32_t l, int32_t e,
+                             uint64_t *assignments, nm_error *err) {
+    char where[64];
+    snprintf(where, sizeof where, "layers[%d].experts[%d]", l, e);
+    const nm_json *hist;
+    nm_status st = nm_json_get_arr(obj, "hist", &hist, where, err);
+    if (st != NM_OK) return st;
+    int64_t *h = c->hist + ((size_t)l * (size_t)c->n_expert + (size_t)e) * (size_t)(c->chunk + 1);
+    int64_t total = 0, prev = -1;
+    for (size_t i = 0; i < nm_json_len(hist); i++) {
+        const nm_json *pair = nm_json_at(hist, i);
+        char at[112];
+        snprintf(at, sizeof at, "%s.hist[%zu]", where, i);
+        if (nm_json_type_of(pair) != NM_JSON_ARRAY || nm_json_len(pair) != 2)
+            return nm_errorf(err, NM_ERR_FORMAT, "%s: expected a pair [load, count]", at);
+        int64_t load, count;
+        if ((st = nm_json_as_int(nm_json_at(pair, 0), 0, c->chunk, &load, at, err)) ||
+            (st = nm_json_as_int(nm_json_at(pair, 1), 1, NM_CALIB_MAX_CHUNKS, &count, at, err)))
+            return st;
+        if (load <= prev)
+            return nm_errorf(err, NM_ERR_FORMAT,
+                             "%s: load %lld after load %lld; loads must be strictly ascending", at,
+                             (long long)load, (long long)prev);
+        prev = load;
+        total += count;
+        if (total > c->n_chunks) break; /* reported below; keeps the sums small */
+        h[load] = count;
+        *assignments += (uint64_t)load * (uint64_t)count;
+    }
+    if (total != c->n_chunks)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "layer %d expert %d: the histogram counts %s%lld chunks, n_chunks is %lld",
+                         l, e, total > c->n_chunks ? "at least " : "", (long long)total,
+                         (long long)c->n_chunks);
+
+    double mean;
+    int64_t v;
+    if ((st = nm_json_get_num(obj, "mean", 0, c->chunk, &mean, where, err))) return st;
+    if (!nm_plan_close(mean, nm_calib_mean(c, l, e)))
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "layer %d expert %d: mean %.17g disagrees with the histogram's %.17g", l,
+                         e, mean, nm_calib_mean(c, l, e));
+    if ((st = nm_json_get_int(obj, "max", 0, c->chunk, &v, where, err))) return st;
+    if (v != nm_calib_max(c, l, e))
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "layer %d expert %d: max %lld disagrees with the histogram's %d", l, e,
+                         (long long)v, nm_calib_max(c, l, e));
+    for (int i = 0; i < N_SUMMARY; i++) {
+        if ((st = nm_json_get_int(obj, summary_quantiles[i].key, 0, c->chunk, &v, where, err)))
+            return st;
+        const int32_t want = nm_calib_quantile(c, l, e, summary_quantiles[i].q);
+        if (v != want)
+            return nm_errorf(err, NM_ERR_FORMAT,
+                             "layer %d expert %d: %s %lld disagrees with the histogram's %d", l, e,
+                             summary_quantiles[i].key, (long long)v, want);
+    }
+    return NM_OK;
+}
+
+/* Shape first (so nothing is allocated for a file that lies about it),
+ * then every histogram. */
+static nm_status read_calib(const nm_json *root, void *ctx, nm_error *err) {
+    nm_calib **out = ctx;
+    nm_status st = nm_plan_json_header(root, NM_CALIB_FORMAT, err);
+    if (st != NM_OK) return st;
+    nm_fingerprint fp;
+    int64_t chunk, k, n_layer, n_expert, n_chunks, n_tokens;
+    const nm_json *layers;
+    if ((st = nm_plan_json_fingerprint(root, &fp, err)) ||
+        (st = nm_json_get_int(root, "chunk", 1, NM_PLAN_MAX_CHUNK, &chunk, NULL, err)) ||
+        (st = nm_json_get_int(root, "n_layer", 1, NM_PLAN_MAX_LAYERS, &n_layer, NULL, err)) ||
+        (st = nm_json_get_int(root, "n_expert", 1, NM_PLAN_MAX_EXPERTS, &n_expert, NULL, err)) ||
+        (st = nm_json_get_int(root, "k", 1, n_expert, &k, NULL, err)) ||
+        (st = nm_json_get_int(root, "n_chunks", 0, NM_CALIB_MAX_CHUNKS, &n_chunks, NULL, err)) ||
+        (st =
+             nm_json_get_int(root, "n_tokens", n_chunks, n_chunks * chunk, &n_tokens, NULL, err)) ||
+        (st = nm_json_get_arr(root, "layers", &layers, NULL, err)))
+        return st;
+    if (nm_json_len(layers) != (size_t)n_layer)
+        return nm_errorf(err, NM_ERR_FORMAT, "layers: %zu entries, n_layer is %lld",
+                         nm_json_len(layers), (long long)n_layer);
+    for (int32_t l = 0; l < n_layer; l++) {
+        char where[32];
+        snprintf(where, sizeof where, "layers[%d]", l);
+        const nm_json *experts;
+        if ((st = nm_json_get_arr(nm_json_at(layers, (size_t)l), "experts", &experts, where, err)))
+            return st;
+        if (nm_json_len(experts) != (size_t)n_expert)
+            return nm_errorf(err, NM_ERR_FORMAT, "%s.experts: %zu entries, n_expert is %lld", where,
+                             nm_json_len(experts), (long long)n_expert);
+        for (int32_t e = 0; e < n_expert; e++)
+            if (nm_json_type_of(nm_json_at(experts, (size_t)e)) != NM_JSON_OBJECT)
+                return nm_errorf(err, NM_ERR_FORMAT, "%s.experts[%d]: expected an object", where,
+                                 e);
+    }
+
+    nm_calib *c = NULL;
+    if ((st = calib_alloc((int32_t)chunk, (int32_t)n_layer, (int32_t)n_expert, &c, err))) return st;
+    c->fingerprint = fp;
+    c->k = (int32_t)k;
+    c->n_chunks = n_chunks;
+    c->n_tokens = n_tokens;
+    for (int32_t l = 0; l < c->n_layer && st == NM_OK; l++) {
+        const nm_json *experts = nm_json_get(nm_json_at(layers, (size_t)l), "experts");
+        uint64_t assignments = 0;
+        for (int32_t e = 0; e < c->n_expert && st == NM_OK; e++)
+            st = read_expert(nm_json_at(experts, (size_t)e), c, l, e, &assignments, err);
+        /* n_tokens * k <= 2^31 * 2^16 * 2^16: no overflow in uint64 */
+        if (st == NM_OK && assignments != (uint64_t)n_tokens * (uint64_t)k)
+            st = nm_errorf(err, NM_ERR_FORMAT,
+                           "layer %d: the experts received %llu assignments in all, but n_tokens "
+                           "%lld x k %lld = %llu",
+                           l, (unsigned long long)assignments, (long long)n_tokens, (long long)k,
+                           (unsigned long long)((uint64_t)n_tokens * (uint64_t)k));
+    }
+    if (st != NM_OK) {
+        nm_calib_free(c);
+        return st;
+    }
+    *out = c;
+    return NM_OK;
+}
+
+nm_status nm_calib_load(const char *path, nm_calib **out, nm_error *err) {
+    NM_ASSERT(path && out);
+    *out = NULL;
+    return nm_plan_read_file(path, read_calib, out, err);
+}
+
+nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *name, nm_calib **out,
+                               nm_error *err) {
+    NM_ASSERT(out);
+    *out = NULL;
+    return nm_plan_read_memory(text, n_bytes, name, read_calib, out, err);
+}

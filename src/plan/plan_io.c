@@ -1,0 +1,367 @@
+/* The *.plan.json file: saving a plan, loading one with every field checked
+ * (and against the model it is for), and the human summary. Not here: how
+ * a plan is made (planner.c). */
+#include "plan-impl.h"
+
+#include "base/base.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The most a plan's predicted time can be: a graph extrapolated from
+ * profile times (each <= 1e9 ms) to 65536 rows is < 1e14 ms, summed over at
+ * most 2^28 groups (layers x experts) < 1e23. Anything beyond is garbage. */
+static const double max_cost_ms = 1e24;
+
+static void write_cost(nm_json_writer *w, const nm_plan_cost *c) {
+    nm_json_begin_object(w);
+    nm_json_key(w, "device_ms");
+    nm_json_write_num(w, c->device_ms);
+    nm_json_key(w, "host_ms");
+    nm_json_write_num(w, c->host_ms);
+    nm_json_key(w, "chunk_ms");
+    nm_json_write_num(w, c->chunk_ms);
+    nm_json_end_object(w);
+}
+
+nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes, nm_error *err) {
+    NM_ASSERT(plan && text && n_bytes);
+    *text = NULL;
+    nm_json_writer *w = nm_json_writer_memory();
+    if (!w) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan's text");
+    const nm_moe_plan *moe = &plan->moe;
+    nm_json_begin_object(w);
+    nm_json_key(w, "format");
+    nm_json_write_str(w, NM_PLAN_FORMAT);
+    nm_json_key(w, "version");
+    nm_json_write_int(w, NM_PLAN_FILE_VERSION);
+    nm_json_key(w, "fingerprint");
+    nm_json_write_str(w, plan->fingerprint.hex);
+    nm_json_key(w, "device");
+    nm_json_write_str(w, plan->device);
+    nm_json_key(w, "chunk");
+    nm_json_write_int(w, moe->chunk);
+    nm_json_key(w, "n_layer");
+    nm_json_write_int(w, moe->n_layer);
+    nm_json_key(w, "n_expert");
+    nm_json_write_int(w, moe->n_expert);
+    nm_json_key(w, "tiers");
+    nm_json_begin_array(w);
+    for (int32_t i = 0; i < plan->n_tiers; i++)
+        nm_json_write_int(w, plan->tiers[i]);
+    nm_json_end_array(w);
+    nm_json_key(w, "overflow");
+    nm_json_write_str(w, nm_overflow_name(moe->overflow));
+    nm_json_key(w, "salience");
+    nm_json_write_str(w, nm_salience_name(moe->salience));
+    nm_json_key(w, "quantile");
+    nm_json_write_num(w, plan->quantile);
+    nm_json_key(w, "predicted_chunk_ms");
+    nm_json_write_num(w, plan->predicted_chunk_ms);
+    nm_json_key(w, "device_bytes");
+    nm_json_write_int(w, (int64_t)plan->device_bytes);
+    nm_json_key(w, "layers");
+    nm_json_begin_array(w);
+    for (int32_t l = 0; l < moe->n_layer; l++) {
+        const nm_moe_layer_plan *lp = &moe->layers[l];
+        nm_json_begin_object(w);
+        nm_json_key(w, "groups");
+        nm_json_begin_array(w);
+        for (int32_t g = 0; g < lp->n_groups; g++) {
+            const nm_moe_group *grp = &lp->groups[g];
+            nm_json_begin_object(w);
+            nm_json_key(w, "tier");
+            nm_json_write_int(w, grp->capacity);
+            nm_json_key(w, "experts");
+            nm_json_begin_array(w);
+            for (int32_t i = 0; i < grp->n_experts; i++)
+                nm_json_write_int(w, grp->experts[i]);
+            nm_json_end_array(w);
+            nm_json_key(w, "device");
+            nm_json_write_bool(w, grp->on_device);
+            nm_json_end_object(w);
+        }
+        nm_json_end_array(w);
+        nm_json_key(w, "cost");
+        write_cost(w, &plan->layer_cost[l]);
+        nm_json_end_object(w);
+    }
+    nm_json_end_array(w);
+    nm_json_end_object(w);
+    return nm_json_writer_finish(w, text, n_bytes, err);
+}
+
+nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err) {
+    NM_ASSERT(path);
+    char *text = NULL;
+    size_t n_bytes = 0;
+    nm_status st = nm_plan_save_memory(plan, &text, &n_bytes, err);
+    return nm_plan_save_text(path, st, text, n_bytes, err);
+}
+
+/* ---- loading ---- */
+
+typedef struct read_ctx {
+    const nm_model *model;
+    nm_plan *plan; /* being filled; freed by the caller on failure */
+} read_ctx;
+
+static nm_status read_policy(const nm_json *root, nm_plan *plan, nm_error *err) {
+    const char *name;
+    nm_status st = nm_json_get_str(root, "overflow", &name, NULL, err);
+    if (st == NM_OK && (st = nm_overflow_parse(name, &plan->moe.overflow, err)) != NM_OK)
+        return nm_errorf(err, NM_ERR_FORMAT, "overflow: unknown policy \"%.40s\" (drop, spill)",
+                         name);
+    if (st == NM_OK) st = nm_json_get_str(root, "salience", &name, NULL, err);
+    if (st == NM_OK && (st = nm_salience_parse(name, &plan->moe.salience, err)) != NM_OK)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "salience: unknown policy \"%.40s\" (router, residual-norm, input-norm)",
+                         name);
+    return st;
+}
+
+static nm_status read_tiers(const nm_json *root, nm_plan *plan, nm_error *err) {
+    const nm_json *tiers;
+    nm_status st = nm_json_get_arr(root, "tiers", &tiers, NULL, err);
+    if (st != NM_OK) return st;
+    const size_t n = nm_json_len(tiers);
+    if (n < 1 || n > NM_PLAN_MAX_TIERS)
+        return nm_errorf(err, NM_ERR_FORMAT, "tiers: %zu entries, expected 1 to %d", n,
+                         NM_PLAN_MAX_TIERS);
+    plan->tiers = nm_malloc(n * sizeof(int32_t));
+    if (!plan->tiers) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    for (size_t i = 0; i < n; i++) {
+        char where[24];
+        snprintf(where, sizeof where, "tiers[%zu]", i);
+        int64_t v;
+        st = nm_json_as_int(nm_json_at(tiers, i), 1, plan->moe.chunk, &v, where, err);
+        if (st != NM_OK) return st;
+        if (i > 0 && v <= plan->tiers[i - 1])
+            return nm_errorf(err, NM_ERR_FORMAT, "%s: %lld after %d; tiers must be ascending",
+                             where, (long long)v, plan->tiers[i - 1]);
+        plan->tiers[i] = (int32_t)v;
+        plan->n_tiers++;
+    }
+    return NM_OK;
+}
+
+static nm_status read_cost(const nm_json *layer, int32_t l, nm_plan_cost *c, nm_error *err) {
+    char at[24], where[32];
+    snprintf(at, sizeof at, "layers[%d]", l);
+    snprintf(where, sizeof where, "layers[%d].cost", l);
+    const nm_json *cost;
+    nm_status st;
+    if ((st = nm_json_get_obj(layer, "cost", &cost, at, err))) return st;
+    if ((st = nm_json_get_num(cost, "device_ms", 0, max_cost_ms, &c->device_ms, where, err)) ||
+        (st = nm_json_get_num(cost, "host_ms", 0, max_cost_ms, &c->host_ms, where, err)) ||
+        (st = nm_json_get_num(cost, "chunk_ms", 0, max_cost_ms, &c->chunk_ms, where, err)))
+        return st;
+    if (!nm_plan_close(c->chunk_ms, fmax(c->device_ms, c->host_ms)))
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "%s: chunk_ms %.17g is not max(device_ms %.17g, host_ms %.17g)", where,
+                         c->chunk_ms, c->device_ms, c->host_ms);
+    return NM_OK;
+}
+
+static nm_status read_group(const nm_json *obj, int32_t l, int32_t g, nm_plan *plan,
+                            nm_moe_group *grp, nm_error *err) {
+    char where[48];
+    snprintf(where, sizeof where, "layers[%d].groups[%d]", l, g);
+    int64_t tier;
+    const nm_json *experts;
+    nm_status st;
+    if ((st = nm_json_get_int(obj, "tier", 1, plan->moe.chunk, &tier, where, err)) ||
+        (st = nm_json_get_arr(obj, "experts", &experts, where, err)) ||
+        (st = nm_json_get_bool(obj, "device", &grp->on_device, where, err)))
+        return st;
+    bool known = false;
+    for (int32_t i = 0; i < plan->n_tiers; i++)
+        known |= plan->tiers[i] == tier;
+    if (!known)
+        return nm_errorf(err, NM_ERR_FORMAT, "%s.tier: %lld is not one of the plan's tiers", where,
+                         (long long)tier);
+    grp->capacity = (int32_t)tier;
+    const size_t n = nm_json_len(experts);
+    if (n < 1 || n > (size_t)plan->moe.n_expert)
+        return nm_errorf(err, NM_ERR_FORMAT, "%s.experts: %zu entries, expected 1 to n_expert %d",
+                         where, n, plan->moe.n_expert);
+    grp->experts = nm_malloc(n * sizeof(int32_t));
+    if (!grp->experts) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    for (size_t i = 0; i < n; i++) {
+        char at[96];
+        snprintf(at, sizeof at, "%s.experts[%zu]", where, i);
+        int64_t e;
+        st = nm_json_as_int(nm_json_at(experts, i), 0, plan->moe.n_expert - 1, &e, at, err);
+        if (st != NM_OK) return st;
+        grp->experts[i] = (int32_t)e;
+        grp->n_experts++;
+    }
+    return NM_OK;
+}
+
+static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err) {
+    nm_status st = NM_OK;
+    double sum = 0;
+    for (int32_t l = 0; l < plan->moe.n_layer; l++) {
+        char where[24];
+        snprintf(where, sizeof where, "layers[%d]", l);
+        const nm_json *layer = nm_json_at(layers, (size_t)l), *groups;
+        if ((st = nm_json_get_arr(layer, "groups", &groups, where, err))) return st;
+        const size_t n = nm_json_len(groups);
+        if (n < 1 || n > (size_t)plan->moe.n_expert)
+            return nm_errorf(err, NM_ERR_FORMAT,
+                             "%s.groups: %zu groups, expected 1 to n_expert %d (a group has at "
+                             "least one expert)",
+                             where, n, plan->moe.n_expert);
+        nm_moe_layer_plan *lp = &plan->moe.layers[l];
+        lp->groups = nm_calloc(n, sizeof *lp->groups);
+        if (!lp->groups) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+        for (size_t g = 0; g < n; g++) {
+            /* counted first so nm_plan_free releases a half-read group */
+            lp->n_groups++;
+            st = read_group(nm_json_at(groups, g), l, (int32_t)g, plan, &lp->groups[g], err);
+            if (st != NM_OK) return st;
+        }
+        if ((st = read_cost(layer, l, &plan->layer_cost[l], err))) return st;
+        sum += plan->layer_cost[l].chunk_ms;
+    }
+    if (!nm_plan_close(sum, plan->predicted_chunk_ms))
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "predicted_chunk_ms %.17g is not the sum of the layers' chunk_ms, %.17g",
+                         plan->predicted_chunk_ms, sum);
+    st = nm_moe_plan_check(&plan->moe, plan->moe.n_layer, plan->moe.n_expert, err);
+    if (st == NM_ERR_INVALID_ARG) { /* a bad file, not a bad argument */
+        st = NM_ERR_FORMAT;
+        if (err) err->status = st;
+    }
+    return st;
+}
+
+static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
+    read_ctx *ctx = vctx;
+    nm_status st = nm_plan_json_header(root, NM_PLAN_FORMAT, err);
+    if (st != NM_OK) return st;
+    nm_fingerprint fp;
+    if ((st = nm_plan_json_fingerprint(root, &fp, err))) return st;
+    if (ctx->model) {
+        nm_fingerprint mine;
+        nm_model_fingerprint(ctx->model, &mine);
+        if (strcmp(fp.hex, mine.hex) != 0)
+            return nm_errorf(err, NM_ERR_INVALID_ARG,
+                             "the plan was made for another model (fingerprint %s; this model is "
+                             "%s): make a plan for this model with `npumoe plan`",
+                             fp.hex, mine.hex);
+    }
+    const char *device;
+    int64_t chunk, n_layer, n_expert, device_bytes;
+    const nm_json *layers;
+    if ((st = nm_json_get_str(root, "device", &device, NULL, err))) return st;
+    if (device[0] == '\0' || strlen(device) >= sizeof ctx->plan->device)
+        return nm_errorf(err, NM_ERR_FORMAT, "device: expected a name of 1 to %zu bytes",
+                         sizeof ctx->plan->device - 1);
+    if ((st = nm_json_get_int(root, "chunk", 1, NM_PLAN_MAX_CHUNK, &chunk, NULL, err)) ||
+        (st = nm_json_get_int(root, "n_layer", 1, NM_PLAN_MAX_LAYERS, &n_layer, NULL, err)) ||
+        (st = nm_json_get_int(root, "n_expert", 1, NM_PLAN_MAX_EXPERTS, &n_expert, NULL, err)))
+        return st;
+    if (ctx->model && (n_layer != ctx->model->hp.n_layer || n_expert != ctx->model->hp.n_expert))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the plan is for %lld layers of %lld experts, the model has %d of %d",
+                         (long long)n_layer, (long long)n_expert, ctx->model->hp.n_layer,
+                         ctx->model->hp.n_expert);
+    nm_plan *plan = ctx->plan;
+    snprintf(plan->device, sizeof plan->device, "%s", device);
+    plan->fingerprint = fp;
+    plan->moe.chunk = (int32_t)chunk;
+    plan->moe.n_expert = (int32_t)n_expert;
+    if ((st = read_tiers(root, plan, err)) || (st = read_policy(root, plan, err)) ||
+        (st = nm_json_get_num(root, "quantile", 0, 1, &plan->quantile, NULL, err)) ||
+        (st = nm_json_get_num(root, "predicted_chunk_ms", 0, max_cost_ms, &plan->predicted_chunk_ms,
+                              NULL, err)) ||
+        (st = nm_json_get_int(root, "device_bytes", 0, INT64_MAX, &device_bytes, NULL, err)) ||
+        (st = nm_json_get_arr(root, "layers", &layers, NULL, err)))
+        return st;
+    if (plan->quantile <= 0)
+        return nm_errorf(err, NM_ERR_FORMAT, "quantile: expected a number in (0, 1], got 0");
+    plan->device_bytes = (uint64_t)device_bytes;
+    if (nm_json_len(layers) != (size_t)n_layer)
+        return nm_errorf(err, NM_ERR_FORMAT, "layers: %zu entries, n_layer is %lld",
+                         nm_json_len(layers), (long long)n_layer);
+    plan->moe.layers = nm_calloc((size_t)n_layer, sizeof *plan->moe.layers);
+    plan->layer_cost = nm_calloc((size_t)n_layer, sizeof *plan->layer_cost);
+    if (!plan->moe.layers || !plan->layer_cost)
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    plan->moe.n_layer = (int32_t)n_layer;
+    return read_layers(layers, plan, err);
+}
+
+static nm_status load(const char *path, const char *text, size_t n_bytes, const nm_model *model,
+                      nm_plan **out, nm_error *err) {
+    *out = NULL;
+    read_ctx ctx = {.model = model, .plan = nm_calloc(1, sizeof(nm_plan))};
+    if (!ctx.plan) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    nm_status st = text ? nm_plan_read_memory(text, n_bytes, path, read_plan, &ctx, err)
+                        : nm_plan_read_file(path, read_plan, &ctx, err);
+    if (st != NM_OK) {
+        nm_plan_free(ctx.plan);
+        return st;
+    }
+    *out = ctx.plan;
+    return NM_OK;
+}
+
+nm_status nm_plan_load(const char *path, const nm_model *model, nm_plan **out, nm_error *err) {
+    NM_ASSERT(path && out);
+    return load(path, NULL, 0, model, out, err);
+}
+
+nm_status nm_plan_load_memory(const char *text, size_t n_bytes, const char *name,
+                              const nm_model *model, nm_plan **out, nm_error *err) {
+    NM_ASSERT(text && out);
+    return load(name, text, n_bytes, model, out, err);
+}
+
+/* ---- the summary ---- */
+
+static void print_experts(const nm_moe_group *grp, FILE *f) {
+    for (int32_t i = 0; i < grp->n_experts; i++)
+        fprintf(f, "%s%d", i ? " " : "", grp->experts[i]);
+}
+
+void nm_plan_describe(const nm_plan *plan, FILE *f) {
+    const nm_moe_plan *moe = &plan->moe;
+    fprintf(f, "plan for model %s on device %s\n", plan->fingerprint.hex, plan->device);
+    fprintf(f, "chunk:      %d tokens, %d layers of %d experts\n", moe->chunk, moe->n_layer,
+            moe->n_expert);
+    fprintf(f, "tiers:     ");
+    for (int32_t i = 0; i < plan->n_tiers; i++)
+        fprintf(f, " %d", plan->tiers[i]);
+    fprintf(f, " (each expert: the smallest >= its q%g load)\n", plan->quantile * 100);
+    fprintf(f, "overflow:   %s, salience %s\n", nm_overflow_name(moe->overflow),
+            nm_salience_name(moe->salience));
+    int64_t n_graphs = 0, n_dev_experts = 0, n_rows = 0;
+    for (int32_t l = 0; l < moe->n_layer; l++)
+        for (int32_t g = 0; g < moe->layers[l].n_groups; g++) {
+            const nm_moe_group *grp = &moe->layers[l].groups[g];
+            if (!grp->on_device) continue;
+            n_graphs++;
+            n_dev_experts += grp->n_experts;
+            n_rows += (int64_t)grp->n_experts * grp->capacity;
+        }
+    fprintf(f, "device:     %lld graphs, %lld of %lld experts, %lld rows per chunk, %.1f MiB\n",
+            (long long)n_graphs, (long long)n_dev_experts, (long long)moe->n_layer * moe->n_expert,
+            (long long)n_rows, (double)plan->device_bytes / (1024.0 * 1024.0));
+    fprintf(f, "predicted:  %.4f ms per chunk (all layers)\n", plan->predicted_chunk_ms);
+    for (int32_t l = 0; l < moe->n_layer; l++) {
+        const nm_plan_cost *c = &plan->layer_cost[l];
+        fprintf(f, "layer %d: device %.4f ms, host %.4f ms, chunk %.4f ms\n", l, c->device_ms,
+                c->host_ms, c->chunk_ms);
+        for (int32_t g = 0; g < moe->layers[l].n_groups; g++) {
+            const nm_moe_group *grp = &moe->layers[l].groups[g];
+            fprintf(f, "  %-6s tier %4d  experts ", grp->on_device ? "device" : "host",
+                    grp->capacity);
+            print_experts(grp, f);
+            fputc('\n', f);
+        }
+    }
+}

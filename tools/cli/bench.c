@@ -1,0 +1,307 @@
+/* npumoe bench: the paper's comparison on any device. For each prompt length,
+ * every mode prefills the same tokens, repetitions alternate the order of
+ * the modes, and the report gives median TTFT and host CPU time with their
+ * spread, ratios against naive and dense, dispatches, padding waste and
+ * drops: a Markdown table on stdout, and with -o PREFIX also PREFIX.md,
+ * PREFIX.json and an SVG plot of TTFT against prompt length. */
+#include "cli.h"
+
+#include "plan/plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_LENGTHS = 16, MAX_REPS = 1000 };
+
+typedef struct cell {
+    double ttft_ms[MAX_REPS];
+    double cpu_ms[MAX_REPS];
+    nm_session_metrics metrics; /* of the last repetition (the same every time) */
+    nm_moe_layer_metrics total;
+    uint64_t graphs_compiled;
+    double device_busy_ms;
+} cell;
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, int n) {
+    double s[MAX_REPS];
+    memcpy(s, v, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+static double minimum(const double *v, int n) {
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
+}
+
+static double maximum(const double *v, int n) {
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+typedef struct bench {
+    int n_modes, n_lengths, reps;
+    nm_mode modes[NM_MODE_COUNT];
+    int32_t lengths[MAX_LENGTHS];
+    int32_t chunk;
+    cell *cells; /* [n_lengths][n_modes] */
+} bench;
+
+static cell *at(const bench *b, int li, int mi) { return &b->cells[li * b->n_modes + mi]; }
+
+static int index_of(const bench *b, nm_mode m) {
+    for (int i = 0; i < b->n_modes; i++)
+        if (b->modes[i] == m) return i;
+    return -1;
+}
+
+static void write_markdown(FILE *f, const bench *b, const char *device) {
+    const int i_naive = index_of(b, NM_MODE_NAIVE), i_dense = index_of(b, NM_MODE_DENSE);
+    fprintf(f, "| prompt | mode | TTFT ms (median) | min-max | host CPU ms | vs naive | vs dense |"
+               " dispatches/layer/chunk | padding waste | drop rate | spill rate |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int li = 0; li < b->n_lengths; li++)
+        for (int mi = 0; mi < b->n_modes; mi++) {
+            const cell *c = at(b, li, mi);
+            const double t = median(c->ttft_ms, b->reps), cpu = median(c->cpu_ms, b->reps);
+            char vs_naive[32] = "-", vs_dense[32] = "-";
+            if (i_naive >= 0)
+                snprintf(vs_naive, sizeof vs_naive, "%.2fx",
+                         median(at(b, li, i_naive)->ttft_ms, b->reps) / t);
+            if (i_dense >= 0)
+                snprintf(vs_dense, sizeof vs_dense, "%.2fx",
+                         median(at(b, li, i_dense)->ttft_ms, b->reps) / t);
+            const nm_moe_layer_metrics *m = &c->total;
+            fprintf(f,
+                    "| %d | %s | %.1f | %.1f-%.1f | %.1f | %s | %s | %.2f | %.1f%% | %.3f%% | "
+                    "%.3f%% |\n",
+                    b->lengths[li], nm_mode_name(b->modes[mi]), t, minimum(c->ttft_ms, b->reps),
+                    maximum(c->ttft_ms, b->reps), cpu, vs_naive, vs_dense,
+                    ratio(m->dispatches, m->chunks),
+                    100.0 * ratio(m->reserved_rows - m->device_rows, m->reserved_rows),
+                    100.0 * ratio(m->dropped, m->assignments),
+                    100.0 * ratio(m->spilled, m->assignments));
+        }
+    fprintf(f,
+            "\nTTFT: prefill of the whole prompt plus sampling the first token; ratios are of "
+            "median TTFT (higher = faster than that mode). Device: %s; chunk %d; %d "
+            "repetitions per cell, modes alternated.\n",
+            device, b->chunk, b->reps);
+}
+
+static void write_json(FILE *f, const bench *b, const char *device) {
+    fprintf(f, "{\"device\":\"%s\",\"chunk\":%d,\"reps\":%d,\"results\":[", device, b->chunk,
+            b->reps);
+    for (int li = 0; li < b->n_lengths; li++)
+        for (int mi = 0; mi < b->n_modes; mi++) {
+            const cell *c = at(b, li, mi);
+            const nm_moe_layer_metrics *m = &c->total;
+            fprintf(f,
+                    "%s{\"prompt\":%d,\"mode\":\"%s\",\"ttft_ms\":%.3f,\"ttft_min_ms\":%.3f,"
+                    "\"ttft_max_ms\":%.3f,\"host_cpu_ms\":%.3f,\"dispatches\":%llu,\"chunks\":%llu,"
+                    "\"graphs_compiled\":%llu,\"device_busy_ms\":%.3f,\"padding_waste\":%.6f,"
+                    "\"drop_rate\":%.6f,\"spill_rate\":%.6f}",
+                    li + mi ? "," : "", b->lengths[li], nm_mode_name(b->modes[mi]),
+                    median(c->ttft_ms, b->reps), minimum(c->ttft_ms, b->reps),
+                    maximum(c->ttft_ms, b->reps), median(c->cpu_ms, b->reps),
+                    (unsigned long long)m->dispatches, (unsigned long long)m->chunks,
+                    (unsigned long long)c->graphs_compiled, c->device_busy_ms,
+                    ratio(m->reserved_rows - m->device_rows, m->reserved_rows),
+                    ratio(m->dropped, m->assignments), ratio(m->spilled, m->assignments));
+        }
+    fprintf(f, "]}\n");
+}
+
+/* TTFT against prompt length, one polyline per mode. */
+static void write_svg(FILE *f, const bench *b) {
+    const double W = 640, H = 400, L = 70, R = 150, T = 30, B = 50;
+    double max_t = 0;
+    for (int i = 0; i < b->n_lengths * b->n_modes; i++) {
+        double t = median(b->cells[i].ttft_ms, b->reps);
+        max_t = t > max_t ? t : max_t;
+    }
+    const double max_len = b->lengths[b->n_lengths - 1];
+    static const char *const colors[] = {"#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c"};
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "font-family=\"sans-serif\" font-size=\"12\">\n",
+            W, H);
+    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(f, "<text x=\"%.0f\" y=\"18\" text-anchor=\"middle\">TTFT by prompt length</text>\n",
+            (W - R + L) / 2);
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L,
+            H - B, W - R, H - B);
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T,
+            L, H - B);
+    for (int i = 0; i <= 4; i++) {
+        const double v = max_t * i / 4, y = H - B - (H - B - T) * i / 4;
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.0f</text>\n", L - 6, y + 4,
+                v);
+    }
+    for (int li = 0; li < b->n_lengths; li++) {
+        const double x = L + (W - R - L) * b->lengths[li] / max_len;
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%d</text>\n", x, H - B + 16,
+                b->lengths[li]);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">prompt tokens</text>\n",
+            (W - R + L) / 2, H - 12);
+    fprintf(f,
+            "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" "
+            "text-anchor=\"middle\">TTFT (ms)</text>\n",
+            (H - B + T) / 2, (H - B + T) / 2);
+    for (int mi = 0; mi < b->n_modes; mi++) {
+        const char *color = colors[mi % 5];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", color);
+        for (int li = 0; li < b->n_lengths; li++) {
+            const double x = L + (W - R - L) * b->lengths[li] / max_len;
+            const double y = H - B - (H - B - T) * median(at(b, li, mi)->ttft_ms, b->reps) / max_t;
+            fprintf(f, "%.1f,%.1f ", x, y);
+        }
+        fprintf(f, "\"/>\n<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">%s</text>\n", W - R + 10,
+                T + 18.0 * mi + 10, color, nm_mode_name(b->modes[mi]));
+    }
+    fprintf(f, "</svg>\n");
+}
+
+static int write_report(const char *prefix, const char *ext, const bench *b, const char *device,
+                        void (*writer)(FILE *, const bench *, const char *)) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%s", prefix, ext);
+    FILE *f = fopen(path, "w");
+    if (!f) return fail("cannot create '%s'%s", path, "");
+    writer(f, b, device);
+    if (fclose(f) != 0) return fail("cannot write '%s'%s", path, "");
+    return 0;
+}
+
+static void svg_writer(FILE *f, const bench *b, const char *device) {
+    (void)device;
+    write_svg(f, b);
+}
+
+/* Every mode prefills the first L tokens once per repetition. */
+static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int li,
+                            const int32_t *ids, int32_t n_vocab, nm_error *err) {
+    const int32_t len = b->lengths[li];
+    cli_session cs[NM_MODE_COUNT];
+    memset(cs, 0, sizeof cs);
+    float *logits = malloc((size_t)n_vocab * sizeof(float));
+    nm_status st = logits ? NM_OK : NM_ERR_NOMEM;
+    for (int mi = 0; mi < b->n_modes && st == NM_OK; mi++) {
+        cli_options so = *o;
+        so.mode = nm_mode_name(b->modes[mi]);
+        so.ctx = len;
+        so.chunk = b->chunk;
+        if (b->modes[mi] == NM_MODE_DENSE || b->modes[mi] == NM_MODE_NAIVE) so.plan = NULL;
+        st = open_session(model, &so, true, &cs[mi], err);
+    }
+    for (int r = 0; r < b->reps && st == NM_OK; r++)
+        for (int step = 0; step < b->n_modes && st == NM_OK; step++) {
+            const int mi = r % 2 ? b->n_modes - 1 - step : step; /* alternate the order */
+            nm_session *s = cs[mi].session;
+            nm_session_reset(s);
+            nm_session_reset_metrics(s);
+            const double t0 = now_s(), c0 = cpu_s();
+            st = nm_session_eval(s, ids, len, logits, false, err);
+            volatile int32_t first = nm_argmax(logits, n_vocab);
+            (void)first;
+            cell *c = at(b, li, mi);
+            c->ttft_ms[r] = (now_s() - t0) * 1e3;
+            c->cpu_ms[r] = (cpu_s() - c0) * 1e3;
+            nm_session_get_metrics(s, &c->metrics);
+            c->total = c->metrics.total;
+            c->graphs_compiled = c->metrics.device.graphs_compiled;
+            c->device_busy_ms = (double)c->metrics.device.busy_ns * 1e-6;
+            fprintf(stderr, "bench: prompt %d, %s, rep %d/%d: TTFT %.1f ms\n", len,
+                    nm_mode_name(b->modes[mi]), r + 1, b->reps, c->ttft_ms[r]);
+        }
+    for (int mi = 0; mi < b->n_modes; mi++)
+        close_session(&cs[mi]);
+    free(logits);
+    if (st == NM_ERR_NOMEM && !err->msg[0]) snprintf(err->msg, sizeof err->msg, "out of memory");
+    return st;
+}
+
+int cmd_bench(nm_model *model, const cli_options *o) {
+    nm_error err = {0};
+    bench b;
+    memset(&b, 0, sizeof b);
+    b.reps = o->reps ? o->reps : 5;
+    if (o->lengths) {
+        b.n_lengths =
+            parse_int_list(o->lengths, "--lengths", 1, 1 << 20, b.lengths, MAX_LENGTHS, &err);
+        if (b.n_lengths < 0) return fail_err(&err);
+        for (int i = 1; i < b.n_lengths; i++)
+            if (b.lengths[i] <= b.lengths[i - 1])
+                return fail("--lengths must be ascending%s%s", "", "");
+    } else {
+        const int32_t def[3] = {512, 1024, 2048};
+        memcpy(b.lengths, def, sizeof def);
+        b.n_lengths = 3;
+    }
+    const char *modes = o->modes ? o->modes : "dense,naive,tiers,grouped,npumoe";
+    for (const char *p = modes; *p;) {
+        char name[32];
+        size_t len = strcspn(p, ",");
+        if (len >= sizeof name || b.n_modes == NM_MODE_COUNT)
+            return fail("--modes: '%s' is not a list of modes%s", modes, "");
+        memcpy(name, p, len);
+        name[len] = 0;
+        nm_mode m;
+        if (nm_mode_parse(name, &m, &err) != NM_OK) return fail_err(&err);
+        if (index_of(&b, m) >= 0) return fail("--modes: '%s' is listed twice%s", name, "");
+        if (m != NM_MODE_DENSE && m != NM_MODE_NAIVE && !o->plan)
+            return fail("mode %s needs --plan (made by npumoe plan)%s", name, "");
+        b.modes[b.n_modes++] = m;
+        p += len + (p[len] == ',');
+    }
+    size_t n = 0;
+    int32_t *text = prompt_ids(model, o, &n, &err);
+    if (!text) return fail_err(&err);
+    nm_plan *plan = NULL;
+    nm_status st = NM_OK;
+    if (o->plan) st = nm_plan_load(o->plan, model, &plan, &err);
+    b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
+    nm_plan_free(plan);
+    const int32_t max_len = b.lengths[b.n_lengths - 1];
+    int32_t *ids = malloc((size_t)max_len * sizeof *ids);
+    b.cells = calloc((size_t)b.n_lengths * b.n_modes, sizeof *b.cells);
+    if (b.reps > MAX_REPS)
+        st = nm_errorf(&err, NM_ERR_INVALID_ARG, "at most %d repetitions", MAX_REPS);
+    if (st == NM_OK && (!ids || !b.cells)) st = nm_errorf(&err, NM_ERR_NOMEM, "out of memory");
+    /* the text, repeated when it is shorter than the longest prompt */
+    for (int32_t i = 0; st == NM_OK && i < max_len; i++)
+        ids[i] = text[(size_t)i % n];
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    for (int li = 0; li < b.n_lengths && st == NM_OK; li++)
+        st = run_length(model, o, &b, li, ids, info.n_vocab, &err);
+    int rc = 0;
+    const char *device = o->device ? o->device : "cpu";
+    if (st != NM_OK) {
+        rc = fail_err(&err);
+    } else {
+        write_markdown(stdout, &b, device);
+        if (o->json) write_json(stdout, &b, device);
+        if (o->output)
+            rc = write_report(o->output, "md", &b, device, write_markdown) ||
+                 write_report(o->output, "json", &b, device, write_json) ||
+                 write_report(o->output, "svg", &b, device, svg_writer);
+    }
+    free(b.cells);
+    free(ids);
+    free(text);
+    return rc;
+}

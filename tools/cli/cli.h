@@ -1,0 +1,52 @@
+/* What the subcommands of the npumoe command share. */
+#ifndef NM_CLI_H
+#define NM_CLI_H
+
+#include "options.h"
+
+#include "base/base.h"
+#include "engine/engine.h"
+#include "npumoe.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* Prints "npumoe: " + the formatted line to stderr; returns 1 (exit status). */
+int fail(const char *fmt, const char *a, const char *b);
+int fail_err(const nm_error *err);
+double now_s(void);
+/* User+sys CPU time of the whole process, seconds. */
+double cpu_s(void);
+/* The MoE metrics of a run: mode, dispatches, graphs, waste, drops, spills,
+ * device busy time; JSON adds the per-layer breakdown. */
+void print_metrics_text(FILE *f, const nm_session_metrics *m);
+void print_metrics_json(FILE *f, const nm_session_metrics *m);
+char *read_text_file(const char *path, size_t *n_bytes, nm_error *err);
+int32_t *parse_token_list(const char *text, int32_t n_vocab, size_t *n_out, nm_error *err);
+/* The prompt of -p, -f or --tokens as ids (caller frees). */
+int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, nm_error *err);
+/* A session with what it uses: a loaded plan and a device it owns. */
+typedef struct cli_session {
+    nm_session *session;
+    nm_plan *plan;
+    nm_device *device;
+} cli_session;
+
+/* A session with the options' context, batch (or --chunk), threads; with
+ * static_path, also --mode, --plan and --device (a plan without --mode
+ * means mode npumoe). */
+nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
+                       nm_error *err);
+void close_session(cli_session *cs);
+
+/* "1,2,4" into out (at most cap values in [lo, hi]); -1 with err->msg set. */
+int parse_int_list(const char *text, const char *what, int32_t lo, int32_t hi, int32_t *out,
+                   int cap, nm_error *err);
+
+int cmd_score(nm_model *model, const cli_options *o, bool compare);
+int cmd_calibrate(nm_model *model, const cli_options *o);
+int cmd_profile(nm_model *model, const cli_options *o);
+int cmd_plan(nm_model *model, const cli_options *o);
+int cmd_bench(nm_model *model, const cli_options *o);
+
+#endif /* NM_CLI_H */

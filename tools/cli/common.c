@@ -1,0 +1,229 @@
+/* Helpers shared by the command's subcommands: one-line failures, reading
+ * prompts (text, files, token lists), opening sessions from options. */
+#include "cli.h"
+
+#include "plan/plan.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int fail(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "npumoe: ");
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+    return 1;
+}
+
+int fail_err(const nm_error *err) { return fail("%s%s", err->msg, ""); }
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Reads a whole file into a NUL-terminated buffer. */
+double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+void print_metrics_text(FILE *f, const nm_session_metrics *m) {
+    const nm_moe_layer_metrics *t = &m->total;
+    fprintf(f, "MoE mode:        %s\n", nm_mode_name(m->mode));
+    if (m->mode == NM_MODE_DENSE) return;
+    fprintf(f, "dispatches:      %llu (%.1f per layer per chunk), %llu graphs compiled\n",
+            (unsigned long long)t->dispatches, ratio(t->dispatches, t->chunks),
+            (unsigned long long)m->device.graphs_compiled);
+    fprintf(f, "padding waste:   %.2f%% of %llu reserved rows\n",
+            100.0 * ratio(t->reserved_rows - t->device_rows, t->reserved_rows),
+            (unsigned long long)t->reserved_rows);
+    fprintf(f, "drop rate:       %.3f%% of %llu assignments\n",
+            100.0 * ratio(t->dropped, t->assignments), (unsigned long long)t->assignments);
+    fprintf(f, "spill rate:      %.3f%%\n", 100.0 * ratio(t->spilled, t->assignments));
+    fprintf(f, "device busy:     %.2f ms; host waited %.2f ms; host experts %.2f ms\n",
+            (double)m->device.busy_ns * 1e-6, (double)t->wait_ns * 1e-6, (double)t->host_ns * 1e-6);
+}
+
+static void layer_json(FILE *f, const nm_moe_layer_metrics *l) {
+    fprintf(f,
+            "{\"chunks\":%llu,\"assignments\":%llu,\"dropped\":%llu,\"spilled\":%llu,"
+            "\"host_rows\":%llu,\"device_rows\":%llu,\"reserved_rows\":%llu,\"dispatches\":%llu,"
+            "\"padding_waste\":%.6f,\"drop_rate\":%.6f,\"spill_rate\":%.6f,\"host_ms\":%.3f,"
+            "\"wait_ms\":%.3f}",
+            (unsigned long long)l->chunks, (unsigned long long)l->assignments,
+            (unsigned long long)l->dropped, (unsigned long long)l->spilled,
+            (unsigned long long)l->host_rows, (unsigned long long)l->device_rows,
+            (unsigned long long)l->reserved_rows, (unsigned long long)l->dispatches,
+            ratio(l->reserved_rows - l->device_rows, l->reserved_rows),
+            ratio(l->dropped, l->assignments), ratio(l->spilled, l->assignments),
+            (double)l->host_ns * 1e-6, (double)l->wait_ns * 1e-6);
+}
+
+void print_metrics_json(FILE *f, const nm_session_metrics *m) {
+    fprintf(f, "{\"mode\":\"%s\",\"device_busy_ms\":%.3f,\"graphs_compiled\":%llu,\"total\":",
+            nm_mode_name(m->mode), (double)m->device.busy_ns * 1e-6,
+            (unsigned long long)m->device.graphs_compiled);
+    layer_json(f, &m->total);
+    fprintf(f, ",\"layers\":[");
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        if (l) fputc(',', f);
+        layer_json(f, &m->layers[l]);
+    }
+    fprintf(f, "]}");
+}
+
+char *read_text_file(const char *path, size_t *n_bytes, nm_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err->msg, sizeof err->msg, "cannot open '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    bool bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        snprintf(err->msg, sizeof err->msg, "cannot read '%s'", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *n_bytes = n;
+    return buf;
+}
+
+/* Parses "ID ID ..." into ids (caller frees); each id must be in [0, n_vocab). */
+int32_t *parse_token_list(const char *text, int32_t n_vocab, size_t *n_out, nm_error *err) {
+    size_t cap = 64, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    const char *p = text;
+    while (ids) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == ',')
+            p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= n_vocab ||
+            (*end && *end != ' ' && *end != '\t' && *end != '\n' && *end != ',')) {
+            snprintf(err->msg, sizeof err->msg, "--tokens: '%.20s' is not a token id in 0..%d", p,
+                     n_vocab - 1);
+            free(ids);
+            return NULL;
+        }
+        if (n == cap) {
+            int32_t *bigger = realloc(ids, 2 * cap * sizeof *ids);
+            if (!bigger) break;
+            ids = bigger;
+            cap *= 2;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    if (!ids || n == 0) {
+        snprintf(err->msg, sizeof err->msg, "--tokens: no token ids given");
+        free(ids);
+        return NULL;
+    }
+    *n_out = n;
+    return ids;
+}
+
+/* The prompt of -p, -f or --tokens as ids (caller frees). */
+int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, nm_error *err) {
+    int given = (o->prompt != NULL) + (o->file != NULL) + (o->tokens != NULL);
+    if (given != 1) {
+        snprintf(err->msg, sizeof err->msg,
+                 given ? "give only one of -p, -f and --tokens"
+                       : "no prompt: give -p, -f or --tokens");
+        return NULL;
+    }
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    if (o->tokens) return parse_token_list(o->tokens, info.n_vocab, n_out, err);
+    size_t n_bytes = 0;
+    char *owned = NULL;
+    const char *text = o->prompt;
+    if (o->file) {
+        owned = read_text_file(o->file, &n_bytes, err);
+        if (!owned) return NULL;
+        text = owned;
+    } else {
+        n_bytes = strlen(text);
+    }
+    size_t n = 0;
+    nm_status st =
+        nm_tokenize(model, text, n_bytes, info.add_bos, !o->no_special, NULL, 0, &n, err);
+    int32_t *ids = NULL;
+    if (st == NM_ERR_CAPACITY || st == NM_OK) {
+        ids = malloc((n ? n : 1) * sizeof *ids);
+        st = ids ? nm_tokenize(model, text, n_bytes, info.add_bos, !o->no_special, ids, n, &n, err)
+                 : NM_ERR_NOMEM;
+        if (!ids) snprintf(err->msg, sizeof err->msg, "out of memory for %zu tokens", n);
+    }
+    free(owned);
+    if (st != NM_OK) {
+        free(ids);
+        return NULL;
+    }
+    if (n == 0) {
+        snprintf(err->msg, sizeof err->msg, "the prompt is empty");
+        free(ids);
+        return NULL;
+    }
+    *n_out = n;
+    return ids;
+}
+
+nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
+                       nm_error *err) {
+    memset(cs, 0, sizeof *cs);
+    nm_session_params sp = nm_session_default_params();
+    sp.n_ctx = o->ctx;
+    sp.n_batch = o->chunk ? o->chunk : o->batch;
+    sp.n_threads = o->threads;
+    nm_status st = NM_OK;
+    if (static_path && o->mode) st = nm_mode_parse(o->mode, &sp.mode, err);
+    if (st == NM_OK && static_path && o->plan) {
+        st = nm_plan_load(o->plan, model, &cs->plan, err);
+        sp.plan = cs->plan;
+        if (st == NM_OK && o->chunk && o->chunk != cs->plan->moe.chunk)
+            st = nm_errorf(err, NM_ERR_INVALID_ARG, "--chunk %d differs from the plan's chunk %d",
+                           o->chunk, cs->plan->moe.chunk);
+        if (st == NM_OK && !o->mode)
+            sp.mode = NM_MODE_NPUMOE; /* a plan alone means the full system */
+    }
+    if (st == NM_OK && sp.mode != NM_MODE_DENSE) {
+        st = nm_device_new(o->device ? o->device : "cpu", o->device_threads ? o->device_threads : 1,
+                           &cs->device, err);
+        sp.device = cs->device;
+    }
+    if (st == NM_OK) st = nm_session_new(model, &sp, &cs->session, err);
+    if (st != NM_OK) close_session(cs);
+    return st;
+}
+
+void close_session(cli_session *cs) {
+    nm_session_free(cs->session);
+    nm_device_free(cs->device);
+    nm_plan_free(cs->plan);
+    memset(cs, 0, sizeof *cs);
+}

@@ -1,0 +1,98 @@
+/* npumoe perplexity and npumoe compare: a text scored in windows by a
+ * reference session and, for compare, a candidate configuration. */
+#include "cli.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+typedef struct progress_state {
+    double t0;
+    bool compare;
+} progress_state;
+
+static void print_progress(void *p, int32_t done, int32_t total, const nm_accuracy *acc) {
+    const progress_state *ps = p;
+    if (done == 0) {
+        fprintf(stderr,
+                "scoring %d windows of %d tokens; the second half of each window is scored, "
+                "as llama.cpp's llama-perplexity does\n",
+                total, acc->n_ctx);
+        return;
+    }
+    const double elapsed = now_s() - ps->t0;
+    fprintf(stderr, "[%d/%d] ppl %.4f", done, total, nm_nll_stats_ppl(&acc->ref));
+    if (ps->compare)
+        fprintf(stderr, ", candidate %.4f, mean KL %.6f, top-1 %.2f%%",
+                nm_nll_stats_ppl(&acc->cand), acc->kl_sum / (double)acc->cand.count,
+                100.0 * (double)acc->top1_same / (double)acc->cand.count);
+    fprintf(stderr, " (%.1f s, ~%.0f s left)\n", elapsed, elapsed / done * (total - done));
+}
+
+int cmd_score(nm_model *model, const cli_options *o, bool compare) {
+    nm_error err = {0};
+    size_t n = 0;
+    int32_t *ids = prompt_ids(model, o, &n, &err);
+    if (!ids) return fail_err(&err);
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    const int32_t n_ctx = o->ctx ? o->ctx : 512;
+    cli_options ro = *o;
+    ro.ctx = n_ctx;
+    nm_model *cand_model = NULL;
+    cli_session ref_cs = {0}, cand_cs = {0};
+    /* perplexity runs in the options' mode; compare's reference is dense and
+     * its candidate gets the mode, plan and device */
+    nm_status st = open_session(model, &ro, !compare, &ref_cs, &err);
+    if (st == NM_OK && compare && o->cand_model) {
+        nm_model_params mp = nm_model_default_params();
+        st = nm_model_load(o->cand_model, &mp, &cand_model, &err);
+    }
+    if (st == NM_OK && compare) {
+        cli_options co = ro;
+        if (o->cand_threads) co.threads = o->cand_threads;
+        if (o->cand_batch) co.batch = o->cand_batch;
+        st = open_session(cand_model ? cand_model : model, &co, true, &cand_cs, &err);
+    }
+    nm_accuracy acc;
+    progress_state ps = {.t0 = now_s(), .compare = compare};
+    if (st == NM_OK) {
+        st = nm_score_text(ref_cs.session, cand_cs.session, ids, n, n_ctx,
+                           info.add_bos ? info.bos_id : -1, print_progress, &ps, &acc, &err);
+    }
+    int rc = 0;
+    if (st != NM_OK) {
+        rc = fail_err(&err);
+    } else {
+        const double seconds = now_s() - ps.t0;
+        const double ppl = nm_nll_stats_ppl(&acc.ref), ppl_err = nm_nll_stats_ppl_err(&acc.ref);
+        const double cppl = nm_nll_stats_ppl(&acc.cand), cppl_err = nm_nll_stats_ppl_err(&acc.cand);
+        const double scored = (double)acc.ref.count;
+        if (o->json) {
+            printf("{\"n_ctx\":%d,\"windows\":%d,\"tokens_scored\":%" PRIu64
+                   ",\"perplexity\":%.6f,\"perplexity_err\":%.6f",
+                   n_ctx, acc.n_windows, acc.ref.count, ppl, ppl_err);
+            if (compare)
+                printf(",\"candidate_perplexity\":%.6f,\"candidate_perplexity_err\":%.6f,"
+                       "\"ppl_change_percent\":%.6f,\"kl_mean\":%.9f,\"kl_max\":%.9f,"
+                       "\"top1_agreement\":%.6f",
+                       cppl, cppl_err, 100.0 * (cppl / ppl - 1.0), acc.kl_sum / scored, acc.kl_max,
+                       (double)acc.top1_same / scored);
+            printf(",\"seconds\":%.3f}\n", seconds);
+        } else if (compare) {
+            printf("reference perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
+            printf("candidate perplexity: %.4f +/- %.5f\n", cppl, cppl_err);
+            printf("perplexity change:    %+.4f%%\n", 100.0 * (cppl / ppl - 1.0));
+            printf("KL divergence:        mean %.6f, max %.6f (nats, candidate from reference)\n",
+                   acc.kl_sum / scored, acc.kl_max);
+            printf("top-1 agreement:      %.4f%% of %" PRIu64 " scored positions\n",
+                   100.0 * (double)acc.top1_same / scored, acc.ref.count);
+        } else {
+            printf("perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
+        }
+    }
+    free(ids);
+    close_session(&ref_cs);
+    close_session(&cand_cs);
+    nm_model_free(cand_model);
+    return rc;
+}
