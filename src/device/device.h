@@ -105,7 +105,8 @@ typedef struct nm_profile {
     int64_t d_ff;
     uint32_t weight_type;  /* nm_dtype the graphs were measured with */
     double dispatch_ms;    /* submit + wait of the smallest graph, minus its compute */
-    double host_row_ms;    /* host cost of one expert row (gate, up, down) */
+    double host_row_ms;    /* host wall time per expert row (gate, up, down) with the
+                              whole host pool busy: one task's cost over the threads */
     double host_expert_ms; /* host fixed cost per active expert */
     int32_t n_points;
     nm_profile_point *points; /* [n_points] */

@@ -177,6 +177,10 @@ static nm_status profile_host(const nm_expert_weights *w, int64_t d_model, int64
         if (progress) progress(progress_ctx, ++done, total);
     }
     fit_line(ms, t, N_HOST_ROWS, host_expert_ms, host_row_ms);
+    /* n_threads tasks of that cost finish together: the wall time the host
+     * adds per expert and per row is the task cost shared by the threads */
+    *host_expert_ms /= n_threads;
+    *host_row_ms /= n_threads;
 out:
     nm_free(c.x);
     nm_free(c.y);

@@ -95,6 +95,7 @@ void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
         t->dispatches += m->dispatches;
         t->host_ns += m->host_ns;
         t->wait_ns += m->wait_ns;
+        t->moe_ns += m->moe_ns;
     }
     if (session->device) session->device->ops->stats(session->device, &out->device);
 }

@@ -94,6 +94,7 @@ typedef struct nm_moe_layer_metrics {
     uint64_t dispatches;
     int64_t host_ns; /* host expert work                  */
     int64_t wait_ns; /* time the host waited for the device */
+    int64_t moe_ns;  /* wall time of the whole MoE step after routing */
 } nm_moe_layer_metrics;
 
 /* Called with each chunk's load per expert (calibration). */

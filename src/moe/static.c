@@ -384,6 +384,7 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
                        const float *xn, int32_t n, const int32_t *ids, const float *weights,
                        float *out) {
     NM_ASSERT(layer >= 0 && layer < ex->n_layer && n >= 1 && n <= ex->chunk);
+    const int64_t t_start = nm_time_ns();
     nm_moe_scratch *s = ex->s;
     nm_moe_layer_metrics *mt = &ex->metrics[layer];
     const nm_expert_weights *w = ex->weights[layer];
@@ -401,6 +402,7 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
         nm_moe_dense_dispatched(pool, w, xn, n, weights, out, s);
         mt->host_rows += (uint64_t)n * (uint64_t)ex->k;
         mt->host_ns += nm_time_ns() - t0;
+        mt->moe_ns += nm_time_ns() - t_start;
         return;
     }
 
@@ -481,4 +483,5 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
             if (ex->dev_n[e] > 0) unpack_slot(ex, le, e, ex->dev_rows + dev_start[e], ex->dev_n[e]);
     }
     nm_moe_combine(s, n, weights, ex->keep, out);
+    mt->moe_ns += nm_time_ns() - t_start;
 }

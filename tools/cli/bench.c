@@ -56,8 +56,16 @@ typedef struct bench {
     nm_mode modes[NM_MODE_COUNT];
     int32_t lengths[MAX_LENGTHS];
     int32_t chunk;
-    cell *cells; /* [n_lengths][n_modes] */
+    int32_t n_layer;
+    double predicted_chunk_ms; /* the plan's, 0 without a plan */
+    cell *cells;               /* [n_lengths][n_modes] */
 } bench;
+
+/* Measured wall time of the MoE steps of one chunk (all layers), ms. */
+static double moe_ms_per_chunk(const bench *b, const cell *c) {
+    const uint64_t chunks = c->total.chunks / (uint64_t)b->n_layer;
+    return chunks ? (double)c->total.moe_ns * 1e-6 / (double)chunks : 0.0;
+}
 
 static cell *at(const bench *b, int li, int mi) { return &b->cells[li * b->n_modes + mi]; }
 
@@ -70,8 +78,8 @@ static int index_of(const bench *b, nm_mode m) {
 static void write_markdown(FILE *f, const bench *b, const char *device) {
     const int i_naive = index_of(b, NM_MODE_NAIVE), i_dense = index_of(b, NM_MODE_DENSE);
     fprintf(f, "| prompt | mode | TTFT ms (median) | min-max | host CPU ms | vs naive | vs dense |"
-               " dispatches/layer/chunk | padding waste | drop rate | spill rate |\n");
-    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|\n");
+               " dispatches/layer/chunk | padding waste | drop rate | spill rate | MoE ms/chunk |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int li = 0; li < b->n_lengths; li++)
         for (int mi = 0; mi < b->n_modes; mi++) {
             const cell *c = at(b, li, mi);
@@ -86,14 +94,23 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
             const nm_moe_layer_metrics *m = &c->total;
             fprintf(f,
                     "| %d | %s | %.1f | %.1f-%.1f | %.1f | %s | %s | %.2f | %.1f%% | %.3f%% | "
-                    "%.3f%% |\n",
+                    "%.3f%% | %.3f |\n",
                     b->lengths[li], nm_mode_name(b->modes[mi]), t, minimum(c->ttft_ms, b->reps),
                     maximum(c->ttft_ms, b->reps), cpu, vs_naive, vs_dense,
                     ratio(m->dispatches, m->chunks),
                     100.0 * ratio(m->reserved_rows - m->device_rows, m->reserved_rows),
                     100.0 * ratio(m->dropped, m->assignments),
-                    100.0 * ratio(m->spilled, m->assignments));
+                    100.0 * ratio(m->spilled, m->assignments), moe_ms_per_chunk(b, c));
         }
+    const int i_npumoe = index_of(b, NM_MODE_NPUMOE);
+    for (int li = 0; i_npumoe >= 0 && b->predicted_chunk_ms > 0 && li < b->n_lengths; li++) {
+        const double measured = moe_ms_per_chunk(b, at(b, li, i_npumoe));
+        fprintf(f,
+                "\nnpumoe, prompt %d: the plan predicts %.3f ms of MoE per chunk, measured %.3f ms "
+                "(%+.1f%%).",
+                b->lengths[li], b->predicted_chunk_ms, measured,
+                100.0 * (measured / b->predicted_chunk_ms - 1.0));
+    }
     fprintf(f,
             "\nTTFT: prefill of the whole prompt plus sampling the first token; ratios are of "
             "median TTFT (higher = faster than that mode). Device: %s; chunk %d; %d "
@@ -112,16 +129,17 @@ static void write_json(FILE *f, const bench *b, const char *device) {
                     "%s{\"prompt\":%d,\"mode\":\"%s\",\"ttft_ms\":%.3f,\"ttft_min_ms\":%.3f,"
                     "\"ttft_max_ms\":%.3f,\"host_cpu_ms\":%.3f,\"dispatches\":%llu,\"chunks\":%llu,"
                     "\"graphs_compiled\":%llu,\"device_busy_ms\":%.3f,\"padding_waste\":%.6f,"
-                    "\"drop_rate\":%.6f,\"spill_rate\":%.6f}",
+                    "\"drop_rate\":%.6f,\"spill_rate\":%.6f,\"moe_ms_per_chunk\":%.4f}",
                     li + mi ? "," : "", b->lengths[li], nm_mode_name(b->modes[mi]),
                     median(c->ttft_ms, b->reps), minimum(c->ttft_ms, b->reps),
                     maximum(c->ttft_ms, b->reps), median(c->cpu_ms, b->reps),
                     (unsigned long long)m->dispatches, (unsigned long long)m->chunks,
                     (unsigned long long)c->graphs_compiled, c->device_busy_ms,
                     ratio(m->reserved_rows - m->device_rows, m->reserved_rows),
-                    ratio(m->dropped, m->assignments), ratio(m->spilled, m->assignments));
+                    ratio(m->dropped, m->assignments), ratio(m->spilled, m->assignments),
+                    moe_ms_per_chunk(b, c));
         }
-    fprintf(f, "]}\n");
+    fprintf(f, "],\"predicted_chunk_ms\":%.4f}\n", b->predicted_chunk_ms);
 }
 
 /* TTFT against prompt length, one polyline per mode. */
@@ -274,7 +292,11 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     nm_status st = NM_OK;
     if (o->plan) st = nm_plan_load(o->plan, model, &plan, &err);
     b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
+    b.predicted_chunk_ms = plan ? plan->predicted_chunk_ms : 0.0;
     nm_plan_free(plan);
+    nm_model_info mi;
+    nm_model_get_info(model, &mi);
+    b.n_layer = mi.n_layer;
     const int32_t max_len = b.lengths[b.n_lengths - 1];
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);
     b.cells = calloc((size_t)b.n_lengths * b.n_modes, sizeof *b.cells);
