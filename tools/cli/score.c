@@ -67,6 +67,9 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
         const double ppl = nm_nll_stats_ppl(&acc.ref), ppl_err = nm_nll_stats_ppl_err(&acc.ref);
         const double cppl = nm_nll_stats_ppl(&acc.cand), cppl_err = nm_nll_stats_ppl_err(&acc.cand);
         const double scored = (double)acc.ref.count;
+        /* the static path's metrics: the candidate's in compare, else the session's */
+        nm_session_metrics mt;
+        nm_session_get_metrics(compare ? cand_cs.session : ref_cs.session, &mt);
         if (o->json) {
             printf("{\"n_ctx\":%d,\"windows\":%d,\"tokens_scored\":%" PRIu64
                    ",\"perplexity\":%.6f,\"perplexity_err\":%.6f",
@@ -77,7 +80,9 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
                        "\"top1_agreement\":%.6f",
                        cppl, cppl_err, 100.0 * (cppl / ppl - 1.0), acc.kl_sum / scored, acc.kl_max,
                        (double)acc.top1_same / scored);
-            printf(",\"seconds\":%.3f}\n", seconds);
+            printf(",\"seconds\":%.3f,\"moe\":", seconds);
+            print_metrics_json(stdout, &mt);
+            printf("}\n");
         } else if (compare) {
             printf("reference perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
             printf("candidate perplexity: %.4f +/- %.5f\n", cppl, cppl_err);
@@ -89,6 +94,7 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
         } else {
             printf("perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
         }
+        if (!o->json) print_metrics_text(stderr, &mt);
     }
     free(ids);
     close_session(&ref_cs);
