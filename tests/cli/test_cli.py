@@ -10,6 +10,7 @@ Not here: numerical checks of logits (tests/ref/compare_engine.py does those).
 import argparse
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -100,8 +101,8 @@ def main():
     expect_error(bin_, ["info", "-m", trunc], "trunc.gguf", "truncated GGUF")
     vocab_only = os.path.join(a.vectors, "llama2-vocab.gguf")
     expect_error(bin_, ["info", "-m", vocab_only], "phimoe", "unsupported architecture")
-    q8 = os.path.join(a.vectors, "tiny-qwen3moe-q-Q8_0", "model.gguf")
-    expect_error(bin_, ["info", "-m", q8], "q8_0", "quantised weights")
+    q4 = os.path.join(a.vectors, "tiny-qwen3moe-q-Q4_0", "model.gguf")
+    expect_error(bin_, ["info", "-m", q4], "q4_0", "quantised weights of a type not supported")
     qwen_vocab = os.path.join(a.vectors, "qwen3-vocab.gguf")
     expect_error(bin_, ["info", "-m", qwen_vocab], "token_embd.weight", "vocab-only file as a model")
     expect_error(bin_, ["run", "-m", model, "-f", os.path.join(tmp, "none.txt")], "none.txt",
@@ -166,6 +167,9 @@ def main():
 
     # ---- perplexity and compare ----
     gpl = "/usr/share/common-licenses/GPL-3"
+    excerpt = os.path.join(tmp, "excerpt.txt")  # a fifth of GPL-3 keeps the sanitizer run short
+    with open(gpl, encoding="utf-8") as f, open(excerpt, "w", encoding="utf-8") as g:
+        g.write(f.read()[:7000])
     r = run(bin_, ["perplexity", "-m", tiny, "-f", gpl, "-c", "128", "--json"])
     try:
         pj = json.loads(r.stdout)
@@ -176,21 +180,21 @@ def main():
           r.stdout.decode()[:300])
     check(b"[82/82]" in r.stderr and b"second half" in r.stderr, "perplexity reports progress",
           r.stderr.decode()[-300:])
-    r = run(bin_, ["perplexity", "-m", tiny, "-f", gpl, "-c", "128"])
-    check(r.returncode == 0 and r.stdout.decode().startswith("perplexity: 29855.33"),
+    r = run(bin_, ["perplexity", "-m", tiny, "-f", excerpt, "-c", "128"])
+    check(r.returncode == 0 and re.fullmatch(r"perplexity: [0-9.]+ \+/- [0-9.]+\n", r.stdout.decode()),
           "perplexity prints 'perplexity: X +/- Y'", r.stdout.decode())
     expect_error(bin_, ["perplexity", "-m", tiny, "-p", "too short", "-c", "128"], "at least 256",
                  "perplexity of a short text")
     bf16 = os.path.join(os.path.dirname(model), "fixture-bf16-tied.gguf")
     if os.path.exists(bf16):
-        r = run(bin_, ["compare", "-m", model, "-f", gpl, "-c", "64", "--candidate-model", bf16, "--json"])
+        r = run(bin_, ["compare", "-m", model, "-f", excerpt, "-c", "64", "--candidate-model", bf16, "--json"])
         try:
             cj = json.loads(r.stdout)
         except ValueError:
             cj = {}
         check(cj.get("kl_mean", 0) > 0 and 0 <= cj.get("top1_agreement", -1) < 1,
               "compare of two different models reports KL > 0", r.stdout.decode()[:300])
-    r = run(bin_, ["compare", "-m", tiny, "-f", gpl, "-c", "64", "--candidate-threads", "2",
+    r = run(bin_, ["compare", "-m", tiny, "-f", excerpt, "-c", "64", "--candidate-threads", "2",
                    "--candidate-batch", "7"])
     out = r.stdout.decode()
     check(r.returncode == 0 and "top-1 agreement:      100.0000%" in out and "mean 0.000000" in out,
@@ -200,7 +204,7 @@ def main():
     calib = os.path.join(tmp, "c.json")
     prof = os.path.join(tmp, "p.json")
     plan = os.path.join(tmp, "plan.json")
-    r = run(bin_, ["calibrate", "-m", model, "-f", gpl, "--chunk", "32", "-o", calib])
+    r = run(bin_, ["calibrate", "-m", model, "-f", excerpt, "--chunk", "32", "-o", calib])
     check(r.returncode == 0 and b"chunks of 32" in r.stdout and b"calibrate:" in r.stderr,
           "calibrate writes a calibration with progress", (r.stdout + r.stderr).decode()[-300:])
     r = run(bin_, ["profile", "-m", model, "--chunk", "32", "--reps", "1", "--grid-experts", "1,4",
@@ -250,7 +254,7 @@ def main():
           and len(moe.get("layers", [])) == 4, "run --json reports the MoE metrics per layer",
           r.stdout.decode()[:300])
     prefix = os.path.join(tmp, "bench")
-    r = run(bin_, ["bench", "-m", model, "--plan", plan, "-f", gpl, "--lengths", "64,128", "-r", "1",
+    r = run(bin_, ["bench", "-m", model, "--plan", plan, "-f", excerpt, "--lengths", "64,128", "-r", "1",
                    "-o", prefix])
     out = r.stdout.decode()
     check(r.returncode == 0 and "| 128 | npumoe |" in out and all(
