@@ -24,7 +24,7 @@
 
 #define PROG "nm_gen_fixture"
 #define ARCH "qwen3moe"
-#define MAX_PARAMS 1000000000ll /* a fixture, not a model */
+#define MAX_PARAMS 4000000000ll /* a fixture, not a model; the 4-layer Qwen3-30B-A3B shape is 3.1e9 */
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -200,33 +200,9 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
  * Marsaglia's polar form, with a logarithm built from + - * / only, because
  * libm's log may differ in the last bit between machines and the fixture
  * must be the same everywhere. */
-typedef struct rng {
-    uint64_t s[4];
-} rng;
+typedef nm_rng rng;
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(rng *r) {
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
-/* Uniform in [0, 1), 53 bits. */
-static double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
+static double rng_uniform(rng *r) { return nm_rng_unit(r); }
 
 /* ln(x) for x > 0: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), then
  * ln m = 2 atanh(t), t = (m-1)/(m+1), |t| < 0.172, whose series reaches
@@ -263,9 +239,7 @@ static void rng_for(rng *r, uint64_t seed, const char *name) {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
     for (const char *p = name; *p; p++)
         h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-    uint64_t x = seed ^ h;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
+    nm_rng_seed(r, seed ^ h);
 }
 
 /* ---- the model -------------------------------------------------------------- */
@@ -332,7 +306,7 @@ static nm_status fill(const gen *g, const char *name, init_kind kind, int layer,
         for (int64_t e = 0; e < n_expert; e++)
             rank[e] = e;
         for (int64_t e = n_expert - 1; e > 0; e--) {
-            int64_t k = (int64_t)(rng_next(&r) % (uint64_t)(e + 1));
+            int64_t k = (int64_t)(nm_rng_u64(&r) % (uint64_t)(e + 1));
             int64_t t = rank[e];
             rank[e] = rank[k];
             rank[k] = t;

@@ -48,6 +48,17 @@ void nm_alloc_fail_after(long n);
 int nm_mul_size(size_t a, size_t b, size_t *out);
 int nm_add_size(size_t a, size_t b, size_t *out);
 
+/* xoshiro256**, seeded through splitmix64: the project's one random number
+ * generator (sampling, fixtures), identical on every machine. */
+typedef struct nm_rng {
+    uint64_t s[4];
+} nm_rng;
+
+void nm_rng_seed(nm_rng *r, uint64_t seed);
+uint64_t nm_rng_u64(nm_rng *r);
+/* Uniform in [0, 1), 53 bits. */
+double nm_rng_unit(nm_rng *r);
+
 /* Monotonic wall clock in nanoseconds. */
 int64_t nm_time_ns(void);
 

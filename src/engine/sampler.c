@@ -21,7 +21,7 @@ struct nm_sampler {
     int32_t *recent; /* [repeat_last_n] ring of accepted tokens */
     int32_t n_recent;
     int32_t recent_head;
-    uint64_t s[4]; /* xoshiro256** state */
+    nm_rng rng;
 };
 
 nm_sampler_params nm_sampler_default_params(void) {
@@ -36,31 +36,6 @@ nm_sampler_params nm_sampler_default_params(void) {
     };
     return p;
 }
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_u64(nm_sampler *s) {
-    uint64_t *q = s->s;
-    const uint64_t result = rotl(q[1] * 5, 7) * 9;
-    const uint64_t t = q[1] << 17;
-    q[2] ^= q[0];
-    q[3] ^= q[1];
-    q[1] ^= q[2];
-    q[0] ^= q[3];
-    q[2] ^= t;
-    q[3] = rotl(q[3], 45);
-    return result;
-}
-
-/* Uniform in [0, 1) with 53 bits. */
-static double next_unit(nm_sampler *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
 
 nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab, nm_sampler **out,
                          nm_error *err) {
@@ -91,9 +66,7 @@ nm_status nm_sampler_new(const nm_sampler_params *params, int32_t n_vocab, nm_sa
     }
     s->p = p;
     s->n_vocab = n_vocab;
-    uint64_t x = p.seed;
-    for (int i = 0; i < 4; i++)
-        s->s[i] = splitmix64(&x);
+    nm_rng_seed(&s->rng, p.seed);
     *out = s;
     return NM_OK;
 }
@@ -200,7 +173,7 @@ int32_t nm_sampler_sample(nm_sampler *s, const float *logits) {
     double total = 0.0;
     for (int32_t i = 0; i < n; i++)
         total += exp(((double)s->cand[i].logit - max) / s->p.temperature);
-    double r = next_unit(s) * total, cum = 0.0;
+    double r = nm_rng_unit(&s->rng) * total, cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         cum += exp(((double)s->cand[i].logit - max) / s->p.temperature);
         if (r < cum) return s->cand[i].id;
