@@ -2,6 +2,7 @@
 #include "harness.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int nm_test_failures = 0;
 int nm_test_checks = 0;
@@ -34,4 +35,26 @@ unsigned char *nm_test_read_file(const char *path, size_t *n_bytes) {
         *n_bytes = (size_t)size;
     }
     return buf;
+}
+
+int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap) {
+    size_t n_bytes;
+    char *text = (char *)nm_test_read_file(path, &n_bytes);
+    if (!text) return -1;
+    char *line = text;
+    for (int i = 0; i < line_no && line; i++) {
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    int n = 0;
+    while (line && *line && *line != '\n' && n < cap) {
+        char *end;
+        long v = strtol(line, &end, 10);
+        if (end == line) break;
+        out[n++] = (int32_t)v;
+        line = end;
+        while (*line == ' ') line++;
+    }
+    free(text);
+    return n;
 }

@@ -47,4 +47,8 @@ int nm_test_finish(const char *name);
 /* Reads a whole file; returns NULL if it cannot. Caller frees with free(). */
 unsigned char *nm_test_read_file(const char *path, size_t *n_bytes);
 
+/* Line line_no (0-based) of a text file as space-separated integers, at most
+ * cap of them; returns how many, or -1 if the file cannot be read. */
+int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap);
+
 #endif

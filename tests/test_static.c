@@ -17,29 +17,6 @@
 #define VEC NM_VECTORS_DIR "/tiny-qwen3moe/"
 enum { T = 16, MAX_IDS = 512, N_EXPERT = 8, N_LAYER = 3 };
 
-static int read_prompt(int line_no, int32_t *out) {
-    size_t n_bytes;
-    char *text = (char *)nm_test_read_file(VEC "prompts.txt", &n_bytes);
-    if (!text) return -1;
-    char *line = text;
-    for (int i = 0; i < line_no && line; i++) {
-        line = strchr(line, '\n');
-        if (line) line++;
-    }
-    int n = 0;
-    while (line && *line && *line != '\n' && n < MAX_IDS) {
-        char *end;
-        long v = strtol(line, &end, 10);
-        if (end == line) break;
-        out[n++] = (int32_t)v;
-        line = end;
-        while (*line == ' ')
-            line++;
-    }
-    free(text);
-    return n;
-}
-
 /* A plan whose groups split the experts by parity; odd groups on the host
  * when host_odd. capacity applies to every group. */
 typedef struct test_plan {
@@ -237,7 +214,7 @@ int main(void) {
     if (!m || !dev) return nm_test_finish("test_static");
     const int nv = m->hp.n_vocab;
     int32_t ids[MAX_IDS];
-    const int n = read_prompt(3, ids); /* 100 tokens: 6 chunks of 16 and a padded 4 */
+    const int n = nm_test_read_ints(VEC "prompts.txt", 3, ids, MAX_IDS); /* 100 tokens: 6 chunks of 16 and a padded 4 */
     CHECK_INT_EQ(n, 100);
     const int n_decode = 5, rows = n + n_decode;
     float *dense = malloc((size_t)rows * nv * sizeof(float));
