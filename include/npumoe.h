@@ -40,8 +40,19 @@ typedef struct nm_error {
 
 typedef struct nm_model nm_model;
 
+/* Whose semantics a model runs with. NM_COMPAT_NONE: the model as trained
+ * (its reference implementation). NM_COMPAT_LLAMA_CPP: llama.cpp's graph
+ * where it departs from that (phimoe: RMSNorm plus bias and softmax top-k
+ * routing instead of LayerNorm and sparsemixer) and its numerics
+ * (activations rounded to F16 before F16 matmuls). */
+typedef enum nm_compat { NM_COMPAT_NONE, NM_COMPAT_LLAMA_CPP } nm_compat;
+
+/* "none" or "llama.cpp"; anything else is NM_ERR_INVALID_ARG. */
+nm_status nm_compat_parse(const char *name, nm_compat *out, nm_error *err);
+
 typedef struct nm_model_params {
-    bool verbose; /* reserved for load progress; false = quiet */
+    bool verbose;     /* reserved for load progress; false = quiet */
+    nm_compat compat; /* NM_COMPAT_NONE by default */
 } nm_model_params;
 
 nm_model_params nm_model_default_params(void);
@@ -133,6 +144,12 @@ typedef struct nm_plan nm_plan;
 /* A static-graph device ("cpu", ...). */
 typedef struct nm_device nm_device;
 
+/* Element type of the KV cache. */
+typedef enum nm_kv_type {
+    NM_KV_F32 = 0, /* exact: what llama.cpp's goldens use */
+    NM_KV_F16 = 1  /* half the memory; keys and values rounded to IEEE half */
+} nm_kv_type;
+
 typedef struct nm_session_params {
     int32_t n_ctx;       /* KV-cache positions; 0 = min(model's trained, 4096) */
     int32_t n_batch;     /* max tokens per prefill step; 0 = 512; in static
@@ -141,6 +158,7 @@ typedef struct nm_session_params {
     nm_mode mode;        /* NM_MODE_DENSE by default                          */
     const nm_plan *plan; /* needed by tiers, grouped, npumoe; outlives the session */
     nm_device *device;   /* needed by every mode but dense; outlives the session */
+    nm_kv_type kv_type;  /* NM_KV_F32 by default                              */
 } nm_session_params;
 
 nm_session_params nm_session_default_params(void);

@@ -389,9 +389,9 @@ static void check_refusals(nm_device *dev, const nm_expert_weights *w) {
     expect_refusal(dev, &s, NM_ERR_INVALID_ARG, "n_experts 0");
     s = good;
     nm_expert_weights quant = *w;
-    quant.down.type = NM_DTYPE_Q8_0;
+    quant.down.type = NM_DTYPE_Q4_0;
     s.weights = &quant;
-    expect_refusal(dev, &s, NM_ERR_UNSUPPORTED, "down weights of type q8_0");
+    expect_refusal(dev, &s, NM_ERR_UNSUPPORTED, "down weights of type q4_0");
 
     /* the good spec compiles, and every failed allocation is reported */
     nm_graph *g = NULL;

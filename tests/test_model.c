@@ -5,6 +5,7 @@
  * vectors README: llama.cpp's own variations stay near 3e-7). */
 #include "harness.h"
 
+#include "kernels/kernels.h"
 #include "npumoe.h"
 
 #include <math.h>
@@ -13,29 +14,6 @@
 
 #define VEC NM_VECTORS_DIR "/tiny-qwen3moe/"
 enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24 };
-
-static int read_ints(const char *path, int line_no, int32_t *out, int cap) {
-    size_t n_bytes;
-    char *text = (char *)nm_test_read_file(path, &n_bytes);
-    if (!text) return -1;
-    char *line = text;
-    for (int i = 0; i < line_no && line; i++) {
-        line = strchr(line, '\n');
-        if (line) line++;
-    }
-    int n = 0;
-    while (line && *line && *line != '\n' && n < cap) {
-        char *end;
-        long v = strtol(line, &end, 10);
-        if (end == line) break;
-        out[n++] = (int32_t)v;
-        line = end;
-        while (*line == ' ')
-            line++;
-    }
-    free(text);
-    return n;
-}
 
 static double row_rel_err(const float *got, const float *want, int n) {
     double max_d = 0, max_w = 0;
@@ -51,7 +29,7 @@ static double row_rel_err(const float *got, const float *want, int n) {
 static double compare_prompt(int p, const float *all_logits, int n, int n_vocab) {
     char path[512];
     int32_t pos[MAX_IDS];
-    int n_pos = read_ints(VEC "positions.txt", p, pos, MAX_IDS);
+    int n_pos = nm_test_read_ints(VEC "positions.txt", p, pos, MAX_IDS);
     snprintf(path, sizeof path, VEC "logits_%d.f32", p);
     size_t n_bytes;
     float *gold = (float *)nm_test_read_file(path, &n_bytes);
@@ -89,6 +67,12 @@ static int argmax(const float *x, int n) {
 }
 
 int main(void) {
+    const char *bad_env = NULL;
+    if (!nm_kernels_check_env(&bad_env)) {
+        printf("NPUMOE_KERNELS=%s is not available here: skipped\n", bad_env);
+        return 77;
+    }
+    printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
     nm_model *m = NULL;
     nm_error err = {0};
     nm_status st = nm_model_load(VEC "model.gguf", NULL, &m, &err);
@@ -105,7 +89,7 @@ int main(void) {
 
     for (int p = 0; p < N_PROMPTS; p++) {
         int32_t ids[MAX_IDS];
-        int n = read_ints(VEC "prompts.txt", p, ids, MAX_IDS);
+        int n = nm_test_read_ints(VEC "prompts.txt", p, ids, MAX_IDS);
         CHECK(n > 0);
         if (n <= 0) continue;
         /* one-shot, then batches of 16 on 2 threads */
@@ -135,7 +119,7 @@ int main(void) {
 
         /* greedy: the argmax of the last row, then one token at a time */
         int32_t want[N_GREEDY];
-        CHECK_INT_EQ(read_ints(VEC "greedy.txt", p, want, N_GREEDY), N_GREEDY);
+        CHECK_INT_EQ(nm_test_read_ints(VEC "greedy.txt", p, want, N_GREEDY), N_GREEDY);
         int32_t next = argmax(split + (size_t)(n - 1) * nv, nv);
         int same = 0;
         for (int g = 0; g < N_GREEDY; g++) {

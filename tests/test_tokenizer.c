@@ -631,8 +631,11 @@ static void check_small_vocabs(void) {
 
     /* hostile and unsupported files */
     vocab_spec v = base;
-    v.model = "llama";
-    check_hostile("model llama", v, NM_ERR_UNSUPPORTED, "'llama'");
+    v.model = "bert";
+    check_hostile("model bert", v, NM_ERR_UNSUPPORTED, "'bert'");
+    v = base;
+    v.model = "llama"; /* SentencePiece needs its scores (test_spm.c has real vocabularies) */
+    check_hostile("llama without scores", v, NM_ERR_NOT_FOUND, "tokenizer.ggml.scores");
     v = base;
     v.pre = "gpt-2";
     check_hostile("pre gpt-2", v, NM_ERR_UNSUPPORTED, "'gpt-2'");

@@ -9,8 +9,10 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 
 # Debian packages the build and the tests use: the compilers, CMake, numpy for
 # the independent reference (tests/ref), the Unicode database for the
-# tokenizer's table check, and clang's runtime for libFuzzer.
-packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev)
+# tokenizer's table check, clang's runtime for libFuzzer, and PyTorch with the
+# KJV text for the training tool's test (tests/train).
+packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
+          python3-torch python3-regex bible-kjv bible-kjv-text)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -37,6 +37,8 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                          "session sizes must not be negative (ctx %d, batch %d, threads %d)",
                          p.n_ctx, p.n_batch, p.n_threads);
     if (p.n_ctx == 0) p.n_ctx = model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
+    if (p.kv_type != NM_KV_F32 && p.kv_type != NM_KV_F16)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown KV cache type %d", (int)p.kv_type);
     if ((unsigned)p.mode >= NM_MODE_COUNT)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown mode %d", (int)p.mode);
     if (p.n_batch == 0) p.n_batch = p.plan ? p.plan->moe.chunk : 512;
@@ -51,7 +53,8 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                           .n_threads = p.n_threads,
                           .mode = p.mode,
                           .plan = p.plan ? &p.plan->moe : NULL,
-                          .device = p.device};
+                          .device = p.device,
+                          .kv_type = p.kv_type};
     nm_status st = nm_model_state_new(model, &sp, &s->state, err);
     if (st != NM_OK) {
         nm_free(s);

@@ -6,6 +6,7 @@
 #ifndef NM_KERNELS_H
 #define NM_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,11 +14,43 @@
  * starting at data + j * row_bytes. */
 typedef struct nm_mat {
     const void *data;
-    uint32_t type; /* nm_dtype: F32, F16 or BF16 */
+    uint32_t type; /* nm_dtype: F32, F16, BF16 or Q8_0 */
     int64_t n;     /* N, output rows        */
     int64_t k;     /* K, elements per row   */
     size_t row_bytes;
 } nm_mat;
+
+/* Kernel variants. The reference (plain C, src/kernels/ref/) is always
+ * present; the per-ISA variants (src/kernels/x86/) are compiled with their
+ * own flags and usable when CPUID says so. The variant in use is chosen once,
+ * at the first kernel call: NPUMOE_KERNELS=ref|avx2|avx512|avx512bf16 when
+ * set and supported, else the best of ref, avx2, avx512 the CPU supports
+ * (avx512bf16 rounds activations to bfloat16 for BF16 weights, so it is
+ * never chosen automatically). Every variant computes an
+ * output element with the same operations whatever the row count m and the
+ * column range [j0, j1), so splitting work never changes results. */
+typedef enum nm_kernels_isa {
+    NM_KERNELS_REF = 0,
+    NM_KERNELS_AVX2 = 1,       /* AVX2 + FMA + F16C */
+    NM_KERNELS_AVX512 = 2,     /* AVX-512 F/BW/VL/DQ */
+    NM_KERNELS_AVX512BF16 = 3, /* + AVX512-BF16 dot products for BF16 weights */
+    NM_KERNELS_COUNT = 4
+} nm_kernels_isa;
+
+/* "ref", "avx2", "avx512", "avx512bf16". */
+const char *nm_kernels_isa_name(nm_kernels_isa isa);
+/* Parses a variant name; false for an unknown name. */
+bool nm_kernels_isa_parse(const char *name, nm_kernels_isa *out);
+/* Whether this build and this CPU can run the variant. */
+bool nm_kernels_isa_supported(nm_kernels_isa isa);
+/* The variant in use (chooses it on the first call). */
+nm_kernels_isa nm_kernels_active(void);
+/* Uses isa from now on; false (and nothing changes) if it is not supported.
+ * Call it before starting work on other threads. */
+bool nm_kernels_force(nm_kernels_isa isa);
+/* Checks NPUMOE_KERNELS: true when unset, or a supported variant's name
+ * (which is then forced); false otherwise, with the value in *bad. */
+bool nm_kernels_check_env(const char **bad);
 
 /* The experts of one layer, as three stacks of matrices in the file. */
 typedef struct nm_expert_weights {
@@ -68,5 +101,11 @@ void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n);
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
                           int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
                           float scale, float *out, float *scores);
+
+/* nm_attention_forward over an F16 cache: k_cache, v_cache hold IEEE half
+ * values (kv_stride in elements); everything else as above. */
+void nm_attention_f16_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                              int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
+                              int head_dim, float scale, float *out, float *scores);
 
 #endif /* NM_KERNELS_H */

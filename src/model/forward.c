@@ -16,8 +16,11 @@ struct nm_model_state {
     int32_t n_kv; /* cache positions: n_ctx + room for a padded chunk */
     nm_pool *pool;
     size_t n_bytes;
-    float *k_cache;                    /* [n_layer][n_kv][n_head_kv * head_dim] */
-    float *v_cache;                    /* [n_layer][n_kv][n_head_kv * head_dim] */
+    float *k_cache;                    /* [n_layer][n_kv][n_head_kv * head_dim], F32 cache */
+    float *v_cache;                    /* [n_layer][n_kv][n_head_kv * head_dim], F32 cache */
+    uint16_t *k_half;                  /* [n_layer][n_kv][n_head_kv * head_dim], F16 cache */
+    uint16_t *v_half;                  /* [n_layer][n_kv][n_head_kv * head_dim], F16 cache */
+    float *kv_new;                     /* [2][n_batch][n_head_kv * head_dim] F16 cache: new K, V */
     float *x;                          /* [n_batch][n_embd] residual stream       */
     float *xn;                         /* [n_batch][n_embd] normed input of a block */
     float *q;                          /* [n_batch][n_head * head_dim]            */
@@ -31,6 +34,7 @@ struct nm_model_state {
     const nm_expert_weights **experts; /* [n_layer] the layers' expert stacks */
     nm_moe_exec *dense;                /* host MoE: decode, and every batch in dense mode */
     nm_moe_exec *prefill;              /* the static mode's executor, NULL in dense mode  */
+    const float *rope_factors;         /* [n_rot / 2] the model's short or long ones, or NULL */
 };
 
 static float *alloc_floats(nm_model_state *st, size_t n, bool *ok) {
@@ -72,8 +76,16 @@ nm_status nm_model_state_new(const nm_model *m, const nm_state_params *p, nm_mod
     const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
     const size_t nb = (size_t)n_batch, d = (size_t)hp->n_embd, k = (size_t)hp->n_expert_used;
     bool ok = true;
-    st->k_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim, &ok);
-    st->v_cache = alloc_floats(st, (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim, &ok);
+    const size_t n_cache = (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim;
+    if (p->kv_type == NM_KV_F16) {
+        /* halves: alloc_floats counts 4 bytes per element, so ask for half as many */
+        st->k_half = (uint16_t *)alloc_floats(st, (n_cache + 1) / 2, &ok);
+        st->v_half = (uint16_t *)alloc_floats(st, (n_cache + 1) / 2, &ok);
+        st->kv_new = alloc_floats(st, 2 * nb * kv_dim, &ok);
+    } else {
+        st->k_cache = alloc_floats(st, n_cache, &ok);
+        st->v_cache = alloc_floats(st, n_cache, &ok);
+    }
     st->x = alloc_floats(st, nb * d, &ok);
     st->xn = alloc_floats(st, nb * d, &ok);
     st->q = alloc_floats(st, nb * q_dim, &ok);
@@ -94,6 +106,9 @@ nm_status nm_model_state_new(const nm_model *m, const nm_state_params *p, nm_mod
     }
     for (int il = 0; il < hp->n_layer; il++)
         st->experts[il] = &m->layers[il].experts;
+    /* llama.cpp and LongRoPE both take the long factors past the original
+     * context; a session decides once by its size, as llama.cpp does. */
+    st->rope_factors = n_ctx > hp->n_ctx_orig ? m->rope_factors_long : m->rope_factors_short;
     nm_moe_exec_params ep = {.mode = NM_MODE_DENSE,
                              .chunk = n_batch,
                              .n_layer = hp->n_layer,
@@ -120,6 +135,9 @@ void nm_model_state_free(nm_model_state *st) {
     nm_pool_free(st->pool);
     nm_free(st->k_cache);
     nm_free(st->v_cache);
+    nm_free(st->k_half);
+    nm_free(st->v_half);
+    nm_free(st->kv_new);
     nm_free(st->x);
     nm_free(st->xn);
     nm_free(st->q);
@@ -170,12 +188,29 @@ static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, 
     nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
 }
 
+/* ---- architecture plumbing: biases, llama.cpp's F16 activations ---- */
+
+static void add_bias(float *y, const float *b, int64_t n) {
+    if (b)
+        for (int64_t i = 0; i < n; i++)
+            y[i] += b[i];
+}
+
+/* Under --compat llama.cpp, the input of a matmul with F16 weights is
+ * rounded to F16 first, as ggml's F16 vec_dot and sgemm paths convert it.
+ * (The expert down projection's input is rounded by no one here: it lives
+ * in the MoE executor, so F16 experts stay about 1e-4 apart.) */
+static void compat_round_input(const nm_model *m, const nm_mat *w, float *x, int64_t n) {
+    if (m->compat == NM_COMPAT_LLAMA_CPP && w->type == NM_DTYPE_F16) nm_model_round_f16(x, n);
+}
+
 /* ---- attention block ---- */
 
 typedef struct attention_ctx {
     const nm_hparams *hp;
     nm_model_state *st;
-    const float *k_cache, *v_cache; /* this layer's */
+    const float *k_cache, *v_cache;  /* this layer's, F32 cache */
+    const uint16_t *k_half, *v_half; /* this layer's, F16 cache */
     int32_t n_past;
 } attention_ctx;
 
@@ -184,9 +219,16 @@ static void attention_task(void *p, int i, int thread) {
     const nm_hparams *hp = c->hp;
     const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    nm_attention_forward(c->st->q + i * q_dim, c->k_cache, c->v_cache, kv_dim, c->n_past + i + 1,
-                         hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim),
-                         c->st->att + i * q_dim, c->st->scores + (size_t)thread * c->st->n_ctx);
+    const float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float *scores = c->st->scores + (size_t)thread * c->st->n_kv;
+    if (c->k_half)
+        nm_attention_f16_forward(c->st->q + i * q_dim, c->k_half, c->v_half, kv_dim,
+                                 c->n_past + i + 1, hp->n_head, hp->n_head_kv, hp->head_dim, scale,
+                                 c->st->att + i * q_dim, scores);
+    else
+        nm_attention_forward(c->st->q + i * q_dim, c->k_cache, c->v_cache, kv_dim,
+                             c->n_past + i + 1, hp->n_head, hp->n_head_kv, hp->head_dim, scale,
+                             c->st->att + i * q_dim, scores);
 }
 
 /* x += Wo · attention(rope(norm_h(Wq xn)), rope(norm_h(Wk xn)), Wv xn), xn = rmsnorm(x). */
@@ -196,33 +238,53 @@ static void attention_block(const nm_model *m, nm_model_state *st, int il, int32
     const nm_layer *l = &m->layers[il];
     const int64_t d = hp->n_embd, hd = hp->head_dim;
     const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
-    float *k_layer = st->k_cache + (size_t)il * st->n_kv * kv_dim;
-    float *v_layer = st->v_cache + (size_t)il * st->n_kv * kv_dim;
-    float *k_new = k_layer + (size_t)n_past * kv_dim; /* [n][kv_dim], straight into the cache */
-    float *v_new = v_layer + (size_t)n_past * kv_dim;
+    const size_t layer_off = (size_t)il * st->n_kv * kv_dim, past_off = (size_t)n_past * kv_dim;
+    /* [n][kv_dim]: straight into an F32 cache; staged, then converted, for F16 */
+    float *k_new = st->k_half ? st->kv_new : st->k_cache + layer_off + past_off;
+    float *v_new =
+        st->k_half ? st->kv_new + (size_t)st->n_batch * kv_dim : st->v_cache + layer_off + past_off;
 
     for (int32_t t = 0; t < n; t++)
-        nm_rmsnorm_forward(st->x + t * d, l->attn_norm, st->xn + t * d, d, hp->rms_eps);
+        nm_model_norm(hp, st->x + t * d, l->attn_norm, l->attn_norm_b, st->xn + t * d, d);
+    /* by wq's type: converters give q, k and v one float type */
+    compat_round_input(m, &l->wq, st->xn, (int64_t)n * d);
     matmul(st->pool, &l->wq, st->xn, d, n, st->q, q_dim);
     matmul(st->pool, &l->wk, st->xn, d, n, k_new, kv_dim);
     matmul(st->pool, &l->wv, st->xn, d, n, v_new, kv_dim);
     for (int32_t t = 0; t < n; t++) {
-        float *qt = st->q + t * q_dim, *kt = k_new + t * kv_dim;
-        if (l->q_norm)
+        float *qt = st->q + t * q_dim, *kt = k_new + t * kv_dim, *vt = v_new + t * kv_dim;
+        add_bias(qt, l->bq, q_dim);
+        add_bias(kt, l->bk, kv_dim);
+        add_bias(vt, l->bv, kv_dim);
+        if (hp->qk_norm == NM_QK_NORM_HEAD) {
             for (int h = 0; h < hp->n_head; h++)
                 nm_rmsnorm_forward(qt + h * hd, l->q_norm, qt + h * hd, hd, hp->rms_eps);
-        if (l->k_norm)
             for (int h = 0; h < hp->n_head_kv; h++)
                 nm_rmsnorm_forward(kt + h * hd, l->k_norm, kt + h * hd, hd, hp->rms_eps);
-        nm_rope_neox_forward(qt, hp->n_head, hp->head_dim, hp->n_rot, n_past + t,
-                             hp->rope_freq_base);
-        nm_rope_neox_forward(kt, hp->n_head_kv, hp->head_dim, hp->n_rot, n_past + t,
-                             hp->rope_freq_base);
+        } else if (hp->qk_norm == NM_QK_NORM_WHOLE) {
+            nm_rmsnorm_forward(qt, l->q_norm, qt, q_dim, hp->rms_eps);
+            nm_rmsnorm_forward(kt, l->k_norm, kt, kv_dim, hp->rms_eps);
+        }
+        nm_model_rope(hp, st->rope_factors, qt, hp->n_head, n_past + t);
+        nm_model_rope(hp, st->rope_factors, kt, hp->n_head_kv, n_past + t);
     }
-    attention_ctx c = {
-        .hp = hp, .st = st, .k_cache = k_layer, .v_cache = v_layer, .n_past = n_past};
+    attention_ctx c = {.hp = hp, .st = st, .n_past = n_past};
+    if (st->k_half) {
+        for (int64_t i = 0; i < (int64_t)n * kv_dim; i++) {
+            st->k_half[layer_off + past_off + (size_t)i] = nm_f32_to_f16(k_new[i]);
+            st->v_half[layer_off + past_off + (size_t)i] = nm_f32_to_f16(v_new[i]);
+        }
+        c.k_half = st->k_half + layer_off;
+        c.v_half = st->v_half + layer_off;
+    } else {
+        c.k_cache = st->k_cache + layer_off;
+        c.v_cache = st->v_cache + layer_off;
+    }
     nm_pool_run(st->pool, attention_task, &c, n);
+    compat_round_input(m, &l->wo, st->att, (int64_t)n * q_dim);
     matmul(st->pool, &l->wo, st->att, q_dim, n, st->proj, d);
+    for (int32_t t = 0; t < n; t++)
+        add_bias(st->proj + t * d, l->bo, d);
     for (int64_t i = 0; i < (int64_t)n * d; i++)
         st->x[i] += st->proj[i];
 }
@@ -236,11 +298,12 @@ static void moe_block(const nm_model *m, nm_model_state *st, nm_moe_exec *ex, in
     const nm_layer *l = &m->layers[il];
     const int64_t d = hp->n_embd, k = hp->n_expert_used;
     for (int32_t t = 0; t < n; t++)
-        nm_rmsnorm_forward(st->x + t * d, l->ffn_norm, st->xn + t * d, d, hp->rms_eps);
+        nm_model_norm(hp, st->x + t * d, l->ffn_norm, l->ffn_norm_b, st->xn + t * d, d);
     matmul(st->pool, &l->router, st->xn, d, n, st->router, hp->n_expert);
     for (int32_t t = 0; t < n; t++)
-        m->arch->route(hp, st->router + (size_t)t * hp->n_expert, st->ids + t * k,
-                       st->weights + t * k, st->probs);
+        m->route(hp, st->router + (size_t)t * hp->n_expert, st->ids + t * k, st->weights + t * k,
+                 st->probs);
+    compat_round_input(m, &l->experts.gate, st->xn, (int64_t)n * d);
     nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
     for (int64_t i = 0; i < (int64_t)n * d; i++)
         st->x[i] += st->proj[i];
@@ -280,7 +343,10 @@ nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t 
     if (!logits) return NM_OK;
     const int32_t first = all_logits ? 0 : n - 1;
     for (int32_t t = first; t < n; t++)
-        nm_rmsnorm_forward(st->x + t * d, m->output_norm, st->xn + t * d, d, hp->rms_eps);
+        nm_model_norm(hp, st->x + t * d, m->output_norm, m->output_norm_b, st->xn + t * d, d);
+    compat_round_input(m, &m->output, st->xn + (size_t)first * d, (int64_t)(n - first) * d);
     matmul(st->pool, &m->output, st->xn + (size_t)first * d, d, n - first, logits, hp->n_vocab);
+    for (int32_t t = 0; t < n - first; t++)
+        add_bias(logits + (size_t)t * hp->n_vocab, m->output_b, hp->n_vocab);
     return NM_OK;
 }

@@ -10,11 +10,23 @@
 #include <stdio.h>
 #include <string.h>
 
-static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe};
+static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe, &nm_arch_llama,
+                                            &nm_arch_phimoe};
 
 nm_model_params nm_model_default_params(void) {
-    nm_model_params p = {.verbose = false};
+    nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE};
     return p;
+}
+
+nm_status nm_compat_parse(const char *name, nm_compat *out, nm_error *err) {
+    if (name && strcmp(name, "none") == 0)
+        *out = NM_COMPAT_NONE;
+    else if (name && strcmp(name, "llama.cpp") == 0)
+        *out = NM_COMPAT_LLAMA_CPP;
+    else
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown compat '%s' (known: none, llama.cpp)",
+                         name ? name : "(null)");
+    return NM_OK;
 }
 
 nm_status nm_model_hparam_i32(const nm_model *m, const char *suffix, bool required, int32_t *out,
@@ -103,6 +115,13 @@ nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const
     return NM_OK;
 }
 
+nm_status nm_model_get_vec_opt(const nm_model *m, const char *name, int64_t n, const float **out,
+                               nm_error *err) {
+    *out = NULL;
+    if (!nm_gguf_find_tensor(m->gguf, name)) return NM_OK;
+    return nm_model_get_vec(m, name, n, out, err);
+}
+
 nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int64_t n,
                              int64_t n_expert, nm_mat *first, size_t *stride, nm_error *err) {
     const int64_t want[3] = {k, n, n_expert};
@@ -137,12 +156,14 @@ static nm_status load_into(nm_model *m, const char *path, nm_error *err) {
         if (nm_gguf_str_eq(arch, arch_table[i]->name)) m->arch = arch_table[i];
     if (!m->arch)
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "architecture '%.*s' is not supported (supported: qwen3moe)",
+                         "architecture '%.*s' is not supported (supported: qwen3moe, olmoe, "
+                         "llama with experts (Mixtral), phimoe)",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     st = nm_tokenizer_load(m->gguf, &m->tok, err);
     if (st != NM_OK) return st;
     st = m->arch->load(m, err);
     if (st != NM_OK) return st;
+    NM_ASSERT(m->route != NULL);
     if (nm_tokenizer_n_vocab(m->tok) != m->hp.n_vocab)
         return nm_errorf(err, NM_ERR_FORMAT,
                          "the vocabulary has %d tokens but token_embd.weight has %d rows",
@@ -157,6 +178,11 @@ nm_status nm_model_load(const char *path, const nm_model_params *params, nm_mode
     if (!path) return nm_errorf(err, NM_ERR_INVALID_ARG, "no model path given");
     nm_model *m = nm_calloc(1, sizeof *m);
     if (!m) return nm_errorf(err, NM_ERR_NOMEM, "out of memory loading '%s'", path);
+    m->compat = params ? params->compat : NM_COMPAT_NONE;
+    if (m->compat != NM_COMPAT_NONE && m->compat != NM_COMPAT_LLAMA_CPP) {
+        nm_free(m);
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown compat value %d", (int)m->compat);
+    }
     nm_status st = load_into(m, path, err);
     if (st != NM_OK) {
         /* the reader already names the path; everything else gets it here */
@@ -203,8 +229,13 @@ void nm_model_describe(const nm_model *model, void *file) {
             hp->n_head_kv, hp->head_dim);
     fprintf(f, "experts:             %d, %d active per token, expert d_ff %d\n", hp->n_expert,
             hp->n_expert_used, hp->n_ff_exp);
-    fprintf(f, "rope:                neox, base %g, %d dims\n", hp->rope_freq_base, hp->n_rot);
-    fprintf(f, "rms_norm eps:        %g\n", hp->rms_eps);
+    fprintf(f, "rope:                %s, base %g, %d dims%s, attn factor %g\n",
+            hp->rope == NM_ROPE_NEOX ? "neox" : "norm", hp->rope_freq_base, hp->n_rot,
+            model->rope_factors_short ? ", long/short factors" : "", hp->rope_attn_factor);
+    fprintf(f, "norm:                %s, eps %g\n", hp->norm == NM_NORM_RMS ? "rms" : "layer",
+            hp->rms_eps);
+    fprintf(f, "semantics:           %s\n",
+            model->compat == NM_COMPAT_LLAMA_CPP ? "llama.cpp compat" : "as trained");
     fprintf(f, "output:              %s\n",
             model->tied_output ? "tied to token_embd" : "own tensor");
 

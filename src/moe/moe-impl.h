@@ -13,12 +13,13 @@ struct nm_moe_scratch {
     int64_t d_ff;
     int n_threads;
     nm_moe_dispatch dispatch;
-    int32_t *fill;            /* [n_expert] cursor while building the dispatch */
-    float *y;                 /* [max_tokens * k][d_model] expert output per assignment */
-    float *xg;                /* [n_threads][max_tokens][d_model] gathered rows / down output */
-    float *gate;              /* [n_threads][max_tokens][d_ff] */
-    float *up;                /* [n_threads][max_tokens][d_ff] */
-    struct nm_host_job *jobs; /* [2 * n_expert] host work of one layer */
+    int32_t *fill;              /* [n_expert] cursor while building the dispatch */
+    float *y;                   /* [max_tokens * k][d_model] expert output per assignment */
+    float *xg;                  /* [n_threads][max_tokens][d_model] gathered rows / down output */
+    float *gate;                /* [n_threads][max_tokens][d_ff] */
+    float *up;                  /* [n_threads][max_tokens][d_ff] */
+    struct nm_host_job *jobs;   /* [2 * n_expert] host work of one layer */
+    struct nm_host_job *pieces; /* [2 * n_expert + 2 * n_threads] jobs cut to pool tasks */
 };
 
 /* Host work: one expert over a list of assignments (a = token * k + slot). */
@@ -28,7 +29,10 @@ typedef struct nm_host_job {
     const int32_t *rows; /* [n_rows] assignment indices */
 } nm_host_job;
 
-/* Runs the jobs on the pool, largest first, each writing y[a] for its rows. */
+/* Runs the jobs on the pool, largest first, each writing y[a] for its rows.
+ * A job larger than half a thread's share of all rows is cut into pieces of
+ * rows, so one popular expert cannot leave the other threads idle; rows are
+ * independent, so the results do not depend on the cut. */
 void nm_moe_run_host_jobs(nm_pool *pool, const nm_expert_weights *w, const float *x,
                           nm_moe_scratch *s, nm_host_job *jobs, int32_t n_jobs);
 

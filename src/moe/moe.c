@@ -56,8 +56,9 @@ nm_status nm_moe_scratch_new(int32_t max_tokens, int32_t k, int32_t n_expert, in
     s->gate = nm_calloc(per_thread * (size_t)d_ff, sizeof(float));
     s->up = nm_calloc(per_thread * (size_t)d_ff, sizeof(float));
     s->jobs = nm_calloc(2 * (size_t)n_expert, sizeof(nm_host_job));
-    if (!s->jobs || !s->dispatch.offset || !s->dispatch.rows || !s->fill || !s->y || !s->xg ||
-        !s->gate || !s->up) {
+    s->pieces = nm_calloc(2 * (size_t)n_expert + 2 * (size_t)n_threads, sizeof(nm_host_job));
+    if (!s->jobs || !s->pieces || !s->dispatch.offset || !s->dispatch.rows || !s->fill || !s->y ||
+        !s->xg || !s->gate || !s->up) {
         nm_moe_scratch_free(s);
         return nm_errorf(err, NM_ERR_NOMEM, "out of memory for MoE buffers (%d tokens, %d experts)",
                          max_tokens, n_expert);
@@ -76,6 +77,7 @@ void nm_moe_scratch_free(nm_moe_scratch *s) {
     nm_free(s->gate);
     nm_free(s->up);
     nm_free(s->jobs);
+    nm_free(s->pieces);
     nm_free(s);
 }
 
@@ -139,8 +141,25 @@ void nm_moe_run_host_jobs(nm_pool *pool, const nm_expert_weights *w, const float
         }
         jobs[j] = job;
     }
-    host_ctx ctx = {.w = w, .x = x, .s = s, .jobs = jobs};
-    nm_pool_run(pool, host_job_task, &ctx, n_jobs);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n_jobs; i++)
+        total += jobs[i].n_rows;
+    const int n_threads = nm_pool_n_threads(pool);
+    /* pieces of at most cap rows: sum ceil(n / cap) <= n_jobs + total / cap
+     * <= n_jobs + 2 * n_threads */
+    int64_t cap = (total + 2 * n_threads - 1) / (2 * n_threads);
+    if (cap < 16) cap = 16;
+    int32_t n_pieces = 0;
+    for (int32_t i = 0; i < n_jobs; i++)
+        for (int32_t r0 = 0; r0 < jobs[i].n_rows; r0 += (int32_t)cap) {
+            const int32_t left = jobs[i].n_rows - r0;
+            NM_ASSERT(n_pieces < 2 * s->n_expert + 2 * s->n_threads);
+            s->pieces[n_pieces++] = (nm_host_job){.expert = jobs[i].expert,
+                                                  .n_rows = left < cap ? left : (int32_t)cap,
+                                                  .rows = jobs[i].rows + r0};
+        }
+    host_ctx ctx = {.w = w, .x = x, .s = s, .jobs = s->pieces};
+    nm_pool_run(pool, host_job_task, &ctx, n_pieces);
 }
 
 void nm_moe_combine(const nm_moe_scratch *s, int32_t n_tokens, const float *weights,

@@ -58,7 +58,8 @@ bool nm_dtype_row_bytes(uint32_t type_id, int64_t n, size_t *out) {
 }
 
 bool nm_dtype_is_supported(uint32_t type_id) {
-    return type_id == NM_DTYPE_F32 || type_id == NM_DTYPE_F16 || type_id == NM_DTYPE_BF16;
+    return type_id == NM_DTYPE_F32 || type_id == NM_DTYPE_F16 || type_id == NM_DTYPE_BF16 ||
+           type_id == NM_DTYPE_Q8_0;
 }
 
 static uint32_t float_bits(float f) {
@@ -138,6 +139,19 @@ void nm_dequantize_row(nm_dtype type, const void *src, float *dst, int64_t n) {
             uint16_t b;
             memcpy(&b, p + 2 * i, 2);
             dst[i] = nm_bf16_to_f32(b);
+        }
+        return;
+    case NM_DTYPE_Q8_0:
+        /* blocks of 32: an f16 scale d, then 32 int8 q; value = d * q */
+        NM_ASSERT(n % NM_Q8_0_BLOCK == 0);
+        for (int64_t b = 0; b < n / NM_Q8_0_BLOCK; b++) {
+            const uint8_t *blk = p + (size_t)b * NM_Q8_0_BYTES;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            const float d = nm_f16_to_f32(h);
+            const int8_t *q = (const int8_t *)(blk + 2);
+            for (int i = 0; i < NM_Q8_0_BLOCK; i++)
+                dst[b * NM_Q8_0_BLOCK + i] = d * (float)q[i];
         }
         return;
     default:

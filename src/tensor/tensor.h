@@ -47,6 +47,9 @@ typedef enum nm_dtype {
     NM_DTYPE_COUNT = 40
 } nm_dtype;
 
+/* Q8_0 block: an f16 scale d followed by 32 int8 values q; x = d * q. */
+enum { NM_Q8_0_BLOCK = 32, NM_Q8_0_BYTES = 34 };
+
 typedef struct nm_dtype_traits {
     const char *name;     /* "f32", "q8_0", ... as ggml names them */
     uint32_t block_size;  /* elements per block                      */

@@ -28,6 +28,7 @@ typedef struct encode_work {
     uint16_t *flags; /* [cap_cpts] their classes */
     size_t cap_cpts;
     nm_bpe_scratch bpe;
+    nm_spm_scratch spm;
 } encode_work;
 
 static void work_free(encode_work *w) {
@@ -36,6 +37,7 @@ static void work_free(encode_work *w) {
     nm_free(w->cpts);
     nm_free(w->flags);
     nm_bpe_scratch_free(&w->bpe);
+    nm_spm_scratch_free(&w->spm);
 }
 
 static nm_status push_fragment(fragment_list *list, size_t off, size_t len, int32_t token,
@@ -162,12 +164,21 @@ static nm_status encode_all(const nm_tokenizer *tok, const uint8_t *s, size_t n,
         if (!parse_special && (tok->attr[id] & (NM_ATTR_CONTROL | NM_ATTR_UNKNOWN))) continue;
         if ((st = cut_special(tok, s, id, w, err)) != NM_OK) return st;
     }
+    /* SPM: llama.cpp prefixes a space to the first text fragment and to
+     * every one that follows a special token */
+    bool after_special = true;
     for (size_t i = 0; i < w->frags.n; i++) {
         const fragment f = w->frags.items[i];
+        st = NM_OK;
         if (f.token >= 0)
             nm_id_sink_push(sink, f.token);
-        else if ((st = encode_fragment(tok, s + f.off, f.len, w, sink, err)) != NM_OK)
-            return st;
+        else if (tok->spm)
+            st = nm_spm_encode_fragment(tok, s + f.off, f.len,
+                                        tok->add_space_prefix && after_special, &w->spm, sink, err);
+        else
+            st = encode_fragment(tok, s + f.off, f.len, w, sink, err);
+        if (st != NM_OK) return st;
+        after_special = f.token >= 0;
     }
     return NM_OK;
 }

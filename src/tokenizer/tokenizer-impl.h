@@ -119,6 +119,10 @@ struct nm_tokenizer {
     nm_merge_map merges;
     int32_t n_merges;
 
+    bool spm;              /* SentencePiece ("llama"): scores, no merges, no pre-tokenizer */
+    bool add_space_prefix; /* SPM: a space before the first text fragment and after specials */
+    float *scores;         /* [n_vocab] SPM piece scores (owned copy), NULL for BPE */
+    int32_t spm_byte[256]; /* SPM: the token of each byte, "<0xHH>" or the byte itself, -1 = none */
     nm_pretok_kind pretok;
     bool ignore_merges; /* a word that is itself a token is not merged (llama3) */
 
@@ -180,5 +184,28 @@ void nm_bpe_scratch_free(nm_bpe_scratch *s);
 /* Appends the ids of one pre-tokenized word (its raw bytes, n >= 1). */
 nm_status nm_bpe_encode_word(const nm_tokenizer *tok, const uint8_t *word, size_t n,
                              nm_bpe_scratch *s, nm_id_sink *sink, nm_error *err);
+
+/* ---- SentencePiece (spm.c) ------------------------------------------------- */
+
+/* Working memory of one SPM fragment, grown on demand. */
+typedef struct nm_spm_scratch {
+    uint8_t *text; /* [text_cap] the escaped fragment */
+    size_t text_cap;
+    int32_t *sym_off, *sym_len, *sym_prev, *sym_next; /* [sym_cap] */
+    void *heap;                                       /* [3 sym_cap] candidate bigrams */
+    size_t sym_cap;
+} nm_spm_scratch;
+
+void nm_spm_scratch_free(nm_spm_scratch *s);
+
+/* Appends the ids of one raw text fragment (n >= 1 bytes of valid UTF-8) the
+ * way llama.cpp's llm_tokenizer_spm does: spaces become U+2581 (with one
+ * prepended when space_prefix), every character starts as a symbol, the
+ * adjacent pair whose concatenation is the vocabulary's highest-scoring
+ * token merges first (ties: the leftmost), and a final symbol that is not
+ * a token is written as its bytes' <0xHH> tokens. */
+nm_status nm_spm_encode_fragment(const nm_tokenizer *tok, const uint8_t *s, size_t n,
+                                 bool space_prefix, nm_spm_scratch *w, nm_id_sink *sink,
+                                 nm_error *err);
 
 #endif /* NM_TOKENIZER_IMPL_H */

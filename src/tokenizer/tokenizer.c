@@ -9,6 +9,7 @@
 #include "base/base.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,9 +45,15 @@ static nm_status read_kind(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *err
     nm_gguf_str model, pre;
     nm_status st = nm_gguf_get_str(gguf, "tokenizer.ggml.model", &model, err);
     if (st != NM_OK) return st;
+    if (nm_gguf_str_eq(model, "llama")) {
+        /* SentencePiece: llama.cpp's defaults are BOS added and a space
+         * prefix; the keys read later may say otherwise */
+        tok->spm = tok->add_bos = tok->add_space_prefix = true;
+        return NM_OK;
+    }
     if (!nm_gguf_str_eq(model, "gpt2"))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "tokenizer.ggml.model '%.*s' is not supported (supported: gpt2)",
+                         "tokenizer.ggml.model '%.*s' is not supported (supported: gpt2, llama)",
                          (int)(model.len > 64 ? 64 : model.len), model.ptr);
     if (!nm_gguf_find(gguf, "tokenizer.ggml.pre"))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
@@ -418,15 +425,48 @@ static void strip_rules(nm_tokenizer *tok, const nm_gguf *gguf) {
     }
 }
 
+/* SentencePiece: the scores, the space-prefix flag and the byte tokens
+ * (llama.cpp's byte_to_token: "<0xHH>", else the one-byte text). */
+static nm_status read_spm(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *err) {
+    const nm_gguf_value *scores;
+    nm_status st = nm_gguf_get_arr(gguf, "tokenizer.ggml.scores", NM_GGUF_FLOAT32, &scores, err);
+    if (st != NM_OK) return st;
+    if (scores->v.arr.n != (uint64_t)tok->n_vocab)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "tokenizer.ggml.scores has %" PRIu64 " entries for %d tokens",
+                         scores->v.arr.n, tok->n_vocab);
+    if (!(tok->scores = nm_malloc((size_t)tok->n_vocab * sizeof *tok->scores)))
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for %d scores", tok->n_vocab);
+    memcpy(tok->scores, scores->v.arr.data, (size_t)tok->n_vocab * sizeof *tok->scores);
+    if (nm_gguf_find(gguf, "tokenizer.ggml.add_space_prefix") &&
+        (st = nm_gguf_get_bool(gguf, "tokenizer.ggml.add_space_prefix", &tok->add_space_prefix,
+                               err)) != NM_OK)
+        return st;
+    for (int b = 0; b < 256; b++) {
+        char hex[8];
+        snprintf(hex, sizeof hex, "<0x%02X>", b);
+        tok->spm_byte[b] = find_text(tok, hex);
+        if (tok->spm_byte[b] < 0) {
+            const uint8_t byte = (uint8_t)b;
+            tok->spm_byte[b] = nm_token_map_find2(tok, &byte, 1, NULL, 0);
+        }
+    }
+    return NM_OK;
+}
+
 static nm_status load_into(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *err) {
     nm_status st;
     const nm_gguf_value *merges;
     if ((st = read_kind(tok, gguf, err)) != NM_OK) return st;
     if ((st = read_tokens(tok, gguf, err)) != NM_OK) return st;
-    st = nm_gguf_get_arr(gguf, "tokenizer.ggml.merges", NM_GGUF_STRING, &merges, err);
-    if (st != NM_OK) return st;
-    if ((st = nm_merge_map_build(tok, merges, err)) != NM_OK) return st;
-    map_bytes(tok);
+    if (tok->spm) {
+        if ((st = read_spm(tok, gguf, err)) != NM_OK) return st;
+    } else {
+        st = nm_gguf_get_arr(gguf, "tokenizer.ggml.merges", NM_GGUF_STRING, &merges, err);
+        if (st != NM_OK) return st;
+        if ((st = nm_merge_map_build(tok, merges, err)) != NM_OK) return st;
+        map_bytes(tok);
+    }
     if ((st = read_special_ids(tok, gguf, err)) != NM_OK) return st;
 
     /* the order of llama.cpp's load: find unnamed ids by text, mark unused
@@ -466,6 +506,7 @@ void nm_tokenizer_free(nm_tokenizer *tok) {
     if (!tok) return;
     nm_tokenizer_maps_free(tok);
     nm_free(tok->attr);
+    nm_free(tok->scores);
     nm_free(tok->special);
     nm_free(tok->eog);
     nm_free(tok);
@@ -578,6 +619,17 @@ int32_t nm_tokenizer_piece(const nm_tokenizer *tok, int32_t id, bool render_spec
         if (render_special) put(&o, text.ptr, text.len);
     } else if (attr & NM_ATTR_USER_DEFINED) {
         put(&o, text.ptr, text.len);
+    } else if ((attr & NM_ATTR_NORMAL) && tok->spm) {
+        /* U+2581 stands for a space */
+        for (size_t i = 0; i < text.len;) {
+            if (i + 3 <= text.len && memcmp(text.ptr + i, "\xE2\x96\x81", 3) == 0) {
+                put(&o, " ", 1);
+                i += 3;
+            } else {
+                put(&o, text.ptr + i, 1);
+                i++;
+            }
+        }
     } else if (attr & NM_ATTR_NORMAL) {
         decode_byte_level(text, &o);
     } else if (attr & NM_ATTR_BYTE) {

@@ -1,9 +1,10 @@
 /* Text <-> token ids for the vocabularies GGUF files carry, reproducing
  * llama.cpp's tokenizer (its goldens are our tests): GPT-2 byte-level BPE
  * (tokenizer.ggml.model "gpt2") with the qwen2, qwen35 and llama3
- * pre-tokenizers, special-token matching, and pieces for decoding.
- * Not here: SentencePiece vocabularies, chat templates, detokenizer space
- * clean-up. */
+ * pre-tokenizers, SentencePiece ("llama": Llama-2, Mistral/Mixtral, Phi-3
+ * vocabularies, with scores, byte fallback and the leading-space rule),
+ * special-token matching, and pieces for decoding.
+ * Not here: chat templates (chat.h), detokenizer space clean-up. */
 #ifndef NM_TOKENIZER_H
 #define NM_TOKENIZER_H
 
@@ -23,7 +24,7 @@ typedef struct nm_tokenizer nm_tokenizer;
  * The tokenizer keeps pointers to the token texts inside the gguf, which
  * must outlive it; everything else it needs (types, lookup tables) it owns.
  * Failures:
- *   NM_ERR_UNSUPPORTED  a tokenizer.ggml.model other than "gpt2", or a
+ *   NM_ERR_UNSUPPORTED  a tokenizer.ggml.model other than "gpt2" or "llama", or a
  *                       pre-tokenizer other than qwen2/qwen35/llama3 (and
  *                       their aliases); the message names them;
  *   NM_ERR_FORMAT       malformed vocabulary: duplicate or missing token
@@ -57,10 +58,11 @@ bool nm_tokenizer_is_eog(const nm_tokenizer *tok, int32_t id);
  * and a vocabulary that has a BOS id, the first id is BOS. With
  * parse_special, the texts of CONTROL tokens become their ids (USER_DEFINED
  * ones always do), longest first, as llama.cpp's tokenizer_st_partition
- * does. Up to cap ids are written to ids (which may be NULL with cap 0 to
- * count); *n_out receives the number of ids the text needs, and if that is
- * more than cap the result is NM_ERR_CAPACITY (ids[0..cap) then hold the
- * first cap ids). */
+ * does. SentencePiece vocabularies (unless add_space_prefix is false) put
+ * a space before the first text fragment and before each one that follows
+ * a special token, as llama.cpp does. Up to cap ids are written to ids (which may be NULL with cap
+ * 0 to count); *n_out receives the number of ids the text needs, and if that is more than cap the
+ * result is NM_ERR_CAPACITY (ids[0..cap) then hold the first cap ids). */
 nm_status nm_tokenizer_encode(const nm_tokenizer *tok, const char *text, size_t n_bytes,
                               bool add_bos, bool parse_special, int32_t *ids, size_t cap,
                               size_t *n_out, nm_error *err);
@@ -71,8 +73,9 @@ nm_status nm_tokenizer_encode(const nm_tokenizer *tok, const char *text, size_t 
  * tokens give their text only with render_special, else 0 bytes; UNUSED
  * and UNDEFINED tokens give 0 bytes. Returns the piece's full length (which
  * may exceed cap: nothing past cap is written) or -1 for an id out of
- * range. Concatenating the pieces (render_special on) of the ids encode
- * gives for valid UTF-8 returns that text exactly. */
+ * range. SentencePiece NORMAL tokens show U+2581 as a space. Concatenating
+ * the pieces (render_special on) of the ids encode gives for valid UTF-8
+ * returns that text exactly (for SPM, with the prefixed spaces). */
 int32_t nm_tokenizer_piece(const nm_tokenizer *tok, int32_t id, bool render_special, char *buf,
                            size_t cap);
 

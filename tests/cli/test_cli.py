@@ -100,7 +100,13 @@ def main():
         f.write(head)
     expect_error(bin_, ["info", "-m", trunc], "trunc.gguf", "truncated GGUF")
     vocab_only = os.path.join(a.vectors, "llama2-vocab.gguf")
-    expect_error(bin_, ["info", "-m", vocab_only], "phimoe", "unsupported architecture")
+    expect_error(bin_, ["info", "-m", vocab_only], "token_embd.weight", "vocab-only phimoe file")
+    other_arch = os.path.join(tmp, "gemma3.gguf")
+    with open(other_arch, "wb") as f:  # GGUF v3, no tensors, one key
+        key, val = b"general.architecture", b"gemma3"
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1))
+        f.write(struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(val)) + val)
+    expect_error(bin_, ["info", "-m", other_arch], "gemma3", "unsupported architecture")
     q4 = os.path.join(a.vectors, "tiny-qwen3moe-q-Q4_0", "model.gguf")
     expect_error(bin_, ["info", "-m", q4], "q4_0", "quantised weights of a type not supported")
     qwen_vocab = os.path.join(a.vectors, "qwen3-vocab.gguf")
@@ -260,6 +266,37 @@ def main():
     check(r.returncode == 0 and "| 128 | npumoe |" in out and all(
         os.path.exists(prefix + ext) for ext in [".md", ".json", ".svg"]), "bench writes its reports",
         out[-400:] + r.stderr.decode()[-300:])
+
+    # llama-bench-like throughput tests: -p/-n mean lengths here, --json is an array
+    r = run(bin_, ["bench", "-m", model, "-p", "32", "-n", "4", "-r", "3", "-t", "2", "--json"])
+    try:
+        tj = json.loads(r.stdout)
+    except ValueError:
+        tj = []
+    check(r.returncode == 0 and [t.get("test") for t in tj] == ["pp32", "tg4"] and all(
+        t.get("threads") == 2 and t.get("tokens_per_s", 0) > 0 and len(t.get("samples_ts", [])) == 3
+        for t in tj), "bench -p -n --json gives pp and tg tokens/s", r.stdout.decode()[:400])
+    expect_error(bin_, ["bench", "-m", model, "-p", "0"], "-p", "bench -p 0")
+    expect_error(bin_, ["bench", "-m", model, "-p", "8", "--modes", "dense"], "--modes",
+                 "bench -p with --modes")
+    # an F16 KV cache: the same logits to within half-precision rounding of K and V
+    kv_logits = {}
+    for kv in ["f32", "f16"]:
+        out = os.path.join(tmp, "kv-%s.f32" % kv)
+        r = run(bin_, ["logits", "-m", model, "-p", paragraph, "--all", "-o", out, "--kv-type", kv])
+        kv_logits[kv] = open(out, "rb").read() if r.returncode == 0 else b""
+    a32 = struct.unpack("<%df" % (len(kv_logits["f32"]) // 4), kv_logits["f32"])
+    a16 = struct.unpack("<%df" % (len(kv_logits["f16"]) // 4), kv_logits["f16"])
+    big = max((abs(v) for v in a32), default=0.0)
+    diff = max((abs(u - v) for u, v in zip(a32, a16)), default=1e9)
+    check(len(a32) == len(a16) and len(a32) > 0 and a32 != a16 and diff < 1e-3 * big,
+          "--kv-type f16 stays within 1e-3 of f32", "max diff %g of max %g" % (diff, big))
+    expect_error(bin_, ["logits", "-m", model, "-p", "x", "-o", out, "--kv-type", "q8"], "--kv-type",
+                 "an unknown KV cache type")
+    env_bad = dict(os.environ, NPUMOE_KERNELS="sse9")
+    r = subprocess.run([bin_, "info", "-m", model], capture_output=True, env=env_bad)
+    check(r.returncode == 1 and b"sse9" in r.stderr, "a bad NPUMOE_KERNELS is refused",
+          r.stderr.decode())
 
     print(f"test_cli: {passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -198,8 +198,14 @@ def main():
     texts = ["In the beginning God created the heaven and the earth.",
              "And he said unto them, Go ye into all the world,\n\nand preach",
              heldout[:200]]
-    ok = all(engine_ids(npumoe, g32, text=t) == tok.encode(t) for t in texts)
-    check(ok, "npumoe tokenize -p of the prompts = the Python tokenizer's ids")
+    # Beyond the training text's ASCII: contractions in any case, runs of
+    # spaces and newlines, digits, multi-byte UTF-8 (byte tokens only).
+    odd = ["I'm here, you'RE there; they'll've gone.", "  many   spaces\n\n\t tab\r\nend  ",
+           "12345 3.14159 1,000", "na\u00efve caf\u00e9 \u6771\u4eac \u2014 \u201cq\u201d \U0001f600",
+           "Hello\n\n\n   world   \n", "x" * 50]
+    bad = [t for t in texts + odd if engine_ids(npumoe, g32, text=t) != tok.encode(t)]
+    check(not bad, "npumoe tokenize -p = the Python tokenizer's ids on %d prompts"
+          % len(texts + odd), "differ: %r" % bad)
     prompts = [tok.encode(t)[:c.n_ctx] for t in texts]
     compare_logits(npumoe, g32, model, prompts, tmp, "F32 export, trained weights")
     m16, _ = train.load_model(A)

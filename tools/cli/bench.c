@@ -77,8 +77,9 @@ static int index_of(const bench *b, nm_mode m) {
 
 static void write_markdown(FILE *f, const bench *b, const char *device) {
     const int i_naive = index_of(b, NM_MODE_NAIVE), i_dense = index_of(b, NM_MODE_DENSE);
-    fprintf(f, "| prompt | mode | TTFT ms (median) | min-max | host CPU ms | vs naive | vs dense |"
-               " dispatches/layer/chunk | padding waste | drop rate | spill rate | MoE ms/chunk |\n");
+    fprintf(f,
+            "| prompt | mode | TTFT ms (median) | min-max | host CPU ms | vs naive | vs dense |"
+            " dispatches/layer/chunk | padding waste | drop rate | spill rate | MoE ms/chunk |\n");
     fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int li = 0; li < b->n_lengths; li++)
         for (int mi = 0; mi < b->n_modes; mi++) {
@@ -253,6 +254,7 @@ static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int
 }
 
 int cmd_bench(nm_model *model, const cli_options *o) {
+    if (o->n_prompt || o->n_gen) return cmd_bench_throughput(model, o);
     nm_error err = {0};
     bench b;
     memset(&b, 0, sizeof b);

@@ -38,6 +38,8 @@ typedef struct cli_session {
 nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
                        nm_error *err);
 void close_session(cli_session *cs);
+/* --kv-type into *out (NM_KV_F32 when absent). */
+nm_status parse_kv_type(const cli_options *o, nm_kv_type *out, nm_error *err);
 
 /* "1,2,4" into out (at most cap values in [lo, hi]); -1 with err->msg set. */
 int parse_int_list(const char *text, const char *what, int32_t lo, int32_t hi, int32_t *out,
@@ -48,5 +50,7 @@ int cmd_calibrate(nm_model *model, const cli_options *o);
 int cmd_profile(nm_model *model, const cli_options *o);
 int cmd_plan(nm_model *model, const cli_options *o);
 int cmd_bench(nm_model *model, const cli_options *o);
+/* bench with -p/-n: llama-bench-like pp/tg throughput (throughput.c). */
+int cmd_bench_throughput(nm_model *model, const cli_options *o);
 
 #endif /* NM_CLI_H */

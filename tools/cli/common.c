@@ -2,7 +2,9 @@
  * prompts (text, files, token lists), opening sessions from options. */
 #include "cli.h"
 
+#include "model/model.h"
 #include "plan/plan.h"
+#include "tokenizer/chat.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -158,6 +160,14 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
     }
     nm_model_info info;
     nm_model_get_info(model, &info);
+    if (o->tokens && o->chat) {
+        snprintf(err->msg, sizeof err->msg, "--chat needs a text prompt (-p or -f), not --tokens");
+        return NULL;
+    }
+    if ((o->chat_template || o->system) && !o->chat) {
+        snprintf(err->msg, sizeof err->msg, "--chat-template and --system need --chat");
+        return NULL;
+    }
     if (o->tokens) return parse_token_list(o->tokens, info.n_vocab, n_out, err);
     size_t n_bytes = 0;
     char *owned = NULL;
@@ -168,6 +178,29 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
         text = owned;
     } else {
         n_bytes = strlen(text);
+    }
+    char *chat = NULL;
+    if (o->chat) {
+        /* the prompt becomes the user message of the model's chat format */
+        nm_chat_format f;
+        nm_status cst = o->chat_template ? nm_chat_format_parse(o->chat_template, &f, err)
+                                         : nm_chat_detect(model->gguf, &f, err);
+        if (cst == NM_OK) {
+            char *user = malloc(n_bytes + 1);
+            if (user) {
+                memcpy(user, text, n_bytes);
+                user[n_bytes] = '\0';
+                cst = nm_chat_apply(f, o->system, user, &chat, &n_bytes, err);
+                free(user);
+            } else {
+                cst = nm_errorf(err, NM_ERR_NOMEM, "out of memory for the prompt");
+            }
+        }
+        if (cst != NM_OK) {
+            free(owned);
+            return NULL;
+        }
+        text = chat;
     }
     size_t n = 0;
     nm_status st =
@@ -180,6 +213,7 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
         if (!ids) snprintf(err->msg, sizeof err->msg, "out of memory for %zu tokens", n);
     }
     free(owned);
+    nm_free(chat);
     if (st != NM_OK) {
         free(ids);
         return NULL;
@@ -200,7 +234,7 @@ nm_status open_session(nm_model *model, const cli_options *o, bool static_path, 
     sp.n_ctx = o->ctx;
     sp.n_batch = o->chunk ? o->chunk : o->batch;
     sp.n_threads = o->threads;
-    nm_status st = NM_OK;
+    nm_status st = parse_kv_type(o, &sp.kv_type, err);
     if (static_path && o->mode) st = nm_mode_parse(o->mode, &sp.mode, err);
     if (st == NM_OK && static_path && o->plan) {
         st = nm_plan_load(o->plan, model, &cs->plan, err);
@@ -219,6 +253,16 @@ nm_status open_session(nm_model *model, const cli_options *o, bool static_path, 
     if (st == NM_OK) st = nm_session_new(model, &sp, &cs->session, err);
     if (st != NM_OK) close_session(cs);
     return st;
+}
+
+nm_status parse_kv_type(const cli_options *o, nm_kv_type *out, nm_error *err) {
+    *out = NM_KV_F32;
+    if (!o->kv_type || strcmp(o->kv_type, "f32") == 0) return NM_OK;
+    if (strcmp(o->kv_type, "f16") == 0) {
+        *out = NM_KV_F16;
+        return NM_OK;
+    }
+    return nm_errorf(err, NM_ERR_INVALID_ARG, "--kv-type: '%s' is not f32 or f16", o->kv_type);
 }
 
 void close_session(cli_session *cs) {

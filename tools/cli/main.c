@@ -2,6 +2,8 @@
  * Every failure is one line on stderr and exit status 1. */
 #include "cli.h"
 
+#include "kernels/kernels.h"
+
 #include "engine/engine.h"
 #include "npumoe.h"
 
@@ -16,6 +18,7 @@
 static int cmd_info(nm_model *model, const cli_options *o) {
     (void)o;
     nm_model_describe(model, stdout);
+    printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
     return 0;
 }
 
@@ -282,9 +285,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!o.model) return fail("no model: give -m FILE%s%s", "", "");
+    const char *bad_kernels = NULL;
+    if (!nm_kernels_check_env(&bad_kernels))
+        return fail("NPUMOE_KERNELS='%s' is not a kernel variant this CPU runs (ref, avx2, "
+                    "avx512, avx512bf16)%s",
+                    bad_kernels, "");
     nm_model *model = NULL;
     nm_error err = {0};
     nm_model_params mp = nm_model_default_params();
+    if (o.compat && nm_compat_parse(o.compat, &mp.compat, &err) != NM_OK) return fail_err(&err);
     if (nm_model_load(o.model, &mp, &model, &err) != NM_OK) return fail_err(&err);
     int rc = 1;
     switch (cmd) {

@@ -37,7 +37,11 @@ typedef struct option_def {
 
 static const option_def option_table[] = {
     {"model", 'm', KIND_STR, F(model), 0, 0, ALL_MODEL, "FILE", "GGUF model file (required)"},
-    {"prompt", 'p', KIND_STR, F(prompt), 0, 0, TEXT_IN, "TEXT", "prompt text (UTF-8)"},
+    {"prompt", 'p', KIND_STR, F(prompt), 0, 0, TEXT_IN & ~CMD_BENCH, "TEXT", "prompt text (UTF-8)"},
+    {"n-prompt", 'p', KIND_I32, F(n_prompt), 1, 1 << 20, CMD_BENCH, "N",
+     "throughput test: prompt processing of N random tokens (pp N), as llama-bench -p"},
+    {"n-gen", 'n', KIND_I32, F(n_gen), 1, 1 << 20, CMD_BENCH, "N",
+     "throughput test: generation of N tokens one by one (tg N), as llama-bench -n"},
     {"file", 'f', KIND_STR, F(file), 0, 0, TEXT_IN, "FILE", "read the prompt from a file"},
     {"tokens", 0, KIND_STR, F(tokens), 0, 0, EVAL, "\"ID ID ...\"",
      "prompt as token ids, space separated"},
@@ -61,6 +65,8 @@ static const option_def option_table[] = {
     {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL, "N",
      "context size in tokens (default: trained context, at most 4096); for perplexity "
      "and compare, the window length (default 512)"},
+    {"kv-type", 0, KIND_STR, F(kv_type), 0, 0, EVAL, "f32|f16",
+     "KV cache element type (default f32; f16 halves its memory)"},
     {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
      "tokens per prefill step (default 512)"},
     {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS | OFFLINE | CMD_BENCH, "FILE",
@@ -85,7 +91,7 @@ static const option_def option_table[] = {
     {"overflow", 0, KIND_STR, F(overflow), 0, 0, CMD_PLAN, "drop|spill",
      "what happens past an expert's capacity (default spill: exact)"},
     {"salience", 0, KIND_STR, F(salience), 0, 0, CMD_PLAN, "POLICY",
-     "who keeps a slot on overflow: router, residual-norm, input-norm (default residual-norm)"},
+     "who keeps a slot on overflow: router, residual-norm, input-norm (default router)"},
     {"device-memory", 0, KIND_U64, F(device_memory), 0, 0, CMD_PLAN, "BYTES",
      "device memory budget for resident experts (default unlimited; 0 = none)"},
     {"reps", 'r', KIND_I32, F(reps), 1, 1000, CMD_PROFILE | CMD_BENCH, "N",
@@ -110,6 +116,17 @@ static const option_def option_table[] = {
      "print one JSON object on stdout instead of text and statistics"},
     {"no-special", 0, KIND_FLAG, F(no_special), 0, 0, TEXT_IN, NULL,
      "treat special-token text such as <|im_start|> as plain text"},
+    {"compat", 0, KIND_STR, F(compat), 0, 0, ALL_MODEL, "none|llama.cpp",
+     "semantics: none = the model as trained (default); llama.cpp = llama.cpp's graph and "
+     "numerics (phimoe: RMSNorm+bias and softmax top-k routing; F16 activations)"},
+    {"candidate-compat", 0, KIND_STR, F(cand_compat), 0, 0, CMD_COMPARE, "none|llama.cpp",
+     "candidate's semantics (default: --compat); e.g. phimoe as trained vs llama.cpp's"},
+    {"chat", 0, KIND_FLAG, F(chat), 0, 0, CMD_RUN, NULL,
+     "format the prompt as a user message with the model's chat template (Qwen3, Phi-3.5, "
+     "Mixtral)"},
+    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral",
+     "with --chat: use this format instead of recognising the file's template"},
+    {"system", 0, KIND_STR, F(system), 0, 0, CMD_RUN, "TEXT", "with --chat: a system message"},
     {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL, NULL, "show this help"},
 };
 
@@ -144,8 +161,10 @@ static const struct {
      "[--overflow drop|spill] [--salience P] [--device-memory BYTES] -o PLAN.json",
      "static capacity tiers, grouped graphs and residency from a calibration and a profile"},
     {"bench", CMD_BENCH,
-     "bench -m MODEL --plan PLAN [-f TEXT] [--modes LIST] [--lengths LIST] [-r N] [-o PREFIX]",
-     "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG)"},
+     "bench -m MODEL --plan PLAN [-f TEXT] [--modes LIST] [--lengths LIST] [-r N] [-o PREFIX]\n"
+     "       npumoe bench -m MODEL [-p N] [-n N] [-r N] [-t N] [--json]",
+     "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG); "
+     "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
 };
 
 int cli_command_from_name(const char *name) {
@@ -168,13 +187,22 @@ static void set_defaults(cli_options *o) {
     o->device_memory = UINT64_MAX; /* unlimited unless given; 0 keeps every expert on the host */
 }
 
-static const option_def *find_option(const char *arg) {
+static bool option_matches(const option_def *d, const char *arg) {
+    if (arg[0] == '-' && arg[1] == '-' && strcmp(arg + 2, d->name) == 0) return true;
+    return arg[0] == '-' && d->short_name && arg[1] == d->short_name && arg[2] == 0;
+}
+
+/* A short name may mean different options in different commands (-p is the
+ * prompt text of run, the pp length of bench): the one cmd takes wins. */
+static const option_def *find_option(const char *arg, int cmd) {
+    const option_def *any = NULL;
     for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
         const option_def *d = &option_table[i];
-        if (arg[0] == '-' && arg[1] == '-' && strcmp(arg + 2, d->name) == 0) return d;
-        if (arg[0] == '-' && d->short_name && arg[1] == d->short_name && arg[2] == 0) return d;
+        if (!option_matches(d, arg)) continue;
+        if (d->commands & cmd) return d;
+        if (!any) any = d;
     }
-    return NULL;
+    return any;
 }
 
 static bool parse_value(const option_def *d, const char *text, cli_options *o, char *msg,
@@ -230,7 +258,7 @@ bool cli_parse(int cmd, int argc, char **argv, int first, cli_options *o, char *
     set_defaults(o);
     for (int i = first; i < argc; i++) {
         const char *arg = argv[i];
-        const option_def *d = find_option(arg);
+        const option_def *d = find_option(arg, cmd);
         if (!d) {
             snprintf(msg, msg_cap, "unknown option '%s' (see --help)", arg);
             return false;

@@ -54,10 +54,18 @@ typedef struct cli_options {
     const char *salience;
     uint64_t device_memory;
     int32_t reps;
+    int32_t n_prompt;    /* bench throughput: pp length, 0 = none */
+    int32_t n_gen;       /* bench throughput: tg length, 0 = none */
+    const char *kv_type; /* --kv-type: "f32", "f16" or NULL (f32) */
     const char *lengths;
     const char *modes;
     const char *grid_experts;
     const char *grid_capacity;
+    const char *compat;        /* none | llama.cpp */
+    const char *cand_compat;   /* compare: the candidate's semantics (default: --compat) */
+    const char *chat_template; /* run --chat: chatml | phi3 | mistral, overriding the file's */
+    const char *system;        /* run --chat: the system message */
+    bool chat;
     bool json;
     bool all;
     bool no_special;

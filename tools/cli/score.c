@@ -43,9 +43,13 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
     /* perplexity runs in the options' mode; compare's reference is dense and
      * its candidate gets the mode, plan and device */
     nm_status st = open_session(model, &ro, !compare, &ref_cs, &err);
-    if (st == NM_OK && compare && o->cand_model) {
+    if (st == NM_OK && compare && (o->cand_model || o->cand_compat)) {
+        /* the candidate: another file, or the same one under other semantics */
         nm_model_params mp = nm_model_default_params();
-        st = nm_model_load(o->cand_model, &mp, &cand_model, &err);
+        const char *compat = o->cand_compat ? o->cand_compat : o->compat;
+        if (compat) st = nm_compat_parse(compat, &mp.compat, &err);
+        if (st == NM_OK)
+            st = nm_model_load(o->cand_model ? o->cand_model : o->model, &mp, &cand_model, &err);
     }
     if (st == NM_OK && compare) {
         cli_options co = ro;

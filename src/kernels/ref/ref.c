@@ -1,7 +1,7 @@
 /* The plain C reference kernels: simple loops in the order the math is
  * written, float accumulation except where ggml accumulates in double
  * (norm and softmax sums), so results match llama.cpp's to float rounding. */
-#include "kernels/kernels.h"
+#include "kernels/kernels-impl.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
@@ -23,8 +23,8 @@ static float dot_f32(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
-void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
-                       int64_t ldy, int64_t j0, int64_t j1) {
+void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                           int64_t ldy, int64_t j0, int64_t j1) {
     NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
     const int64_t k = w->k;
     if (w->type == NM_DTYPE_F32) {
@@ -35,8 +35,11 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
         }
         return;
     }
-    NM_ASSERT(w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16);
-    const size_t elem_bytes = 2;
+    NM_ASSERT(w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16 || w->type == NM_DTYPE_Q8_0);
+    /* CONVERT_BLOCK is a whole number of Q8_0 blocks */
+    const size_t block_bytes = w->type == NM_DTYPE_Q8_0
+                                   ? (size_t)CONVERT_BLOCK / NM_Q8_0_BLOCK * NM_Q8_0_BYTES
+                                   : (size_t)CONVERT_BLOCK * 2;
     float buf[CONVERT_BLOCK]; /* [CONVERT_BLOCK] one block of one weight row */
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
@@ -44,7 +47,7 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
             y[i * ldy + j] = 0.0f;
         for (int64_t k0 = 0; k0 < k; k0 += CONVERT_BLOCK) {
             int64_t nk = k - k0 < CONVERT_BLOCK ? k - k0 : CONVERT_BLOCK;
-            convert_block(w->type, row + (size_t)k0 * elem_bytes, buf, nk);
+            convert_block(w->type, row + (size_t)(k0 / CONVERT_BLOCK) * block_bytes, buf, nk);
             for (int64_t i = 0; i < m; i++)
                 y[i * ldy + j] += dot_f32(x + i * ldx + k0, buf, nk);
         }
@@ -100,9 +103,9 @@ void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n) {
         h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
-                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
-                          float scale, float *out, float *scores) {
+void nm_attention_ref_forward(const float *q, const float *k_cache, const float *v_cache,
+                              int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
+                              int head_dim, float scale, float *out, float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
@@ -118,6 +121,33 @@ void nm_attention_forward(const float *q, const float *k_cache, const float *v_c
             const float p = scores[t];
             for (int d = 0; d < head_dim; d++)
                 oh[d] += p * vt[d];
+        }
+    }
+}
+
+void nm_attention_f16_ref_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
+                                  int head_dim, float scale, float *out, float *scores) {
+    NM_ASSERT(n_head % n_head_kv == 0);
+    const int group = n_head / n_head_kv;
+    for (int h = 0; h < n_head; h++) {
+        const float *qh = q + (size_t)h * head_dim;
+        const int64_t kv_off = (int64_t)(h / group) * head_dim;
+        for (int32_t t = 0; t < n_kv; t++) {
+            const uint16_t *kt = k_cache + t * kv_stride + kv_off;
+            float sum = 0.0f;
+            for (int d = 0; d < head_dim; d++)
+                sum += qh[d] * nm_f16_to_f32(kt[d]);
+            scores[t] = sum * scale;
+        }
+        nm_softmax_forward(scores, n_kv);
+        float *oh = out + (size_t)h * head_dim;
+        memset(oh, 0, (size_t)head_dim * sizeof(float));
+        for (int32_t t = 0; t < n_kv; t++) {
+            const uint16_t *vt = v_cache + t * kv_stride + kv_off;
+            const float p = scores[t];
+            for (int d = 0; d < head_dim; d++)
+                oh[d] += p * nm_f16_to_f32(vt[d]);
         }
     }
 }

@@ -1,0 +1,126 @@
+/* This machine's peaks, measured: one core's FP32 FMA rate (AVX-512, 8
+ * independent accumulators), the AVX512-BF16 dot product (vdpbf16ps) and
+ * the AVX512-VNNI int8 dot (vpdpbusd) rates, and the memory read bandwidth
+ * with 1 and n threads. Only called when CPUID reports the instructions. */
+#include "peaks.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#if defined(NM_BENCH_X86)
+#include <immintrin.h>
+
+enum { CHAINS = 8, ITERS = 20000000 };
+
+double nm_peak_fma_gflops(void) {
+    __m512 acc[CHAINS];
+    const __m512 a = _mm512_set1_ps(1.0000001f), b = _mm512_set1_ps(0.9999999f);
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = _mm512_set1_ps((float)c);
+    const double t0 = now();
+    for (int i = 0; i < ITERS; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    const double dt = now() - t0;
+    float sink = 0;
+    for (int c = 0; c < CHAINS; c++)
+        sink += _mm512_reduce_add_ps(acc[c]);
+    if (sink == 12345.0f) return 0; /* keeps the loop alive */
+    return (double)ITERS * CHAINS * 16 * 2 / dt * 1e-9;
+}
+
+double nm_peak_bf16_dot_gflops(void) {
+    __m512 acc[CHAINS];
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f80);
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = _mm512_setzero_ps();
+    const double t0 = now();
+    for (int i = 0; i < ITERS; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    const double dt = now() - t0;
+    float sink = 0;
+    for (int c = 0; c < CHAINS; c++)
+        sink += _mm512_reduce_add_ps(acc[c]);
+    if (sink == 12345.0f) return 0;
+    return (double)ITERS * CHAINS * 32 * 2 / dt * 1e-9; /* 32 products per instruction */
+}
+
+double nm_peak_vnni_gops(void) {
+    __m512i acc[CHAINS];
+    const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
+    for (int c = 0; c < CHAINS; c++)
+        acc[c] = _mm512_setzero_si512();
+    const double t0 = now();
+    for (int i = 0; i < ITERS; i++)
+        for (int c = 0; c < CHAINS; c++)
+            acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
+    const double dt = now() - t0;
+    long long sink = 0;
+    for (int c = 0; c < CHAINS; c++)
+        sink += _mm512_reduce_add_epi32(acc[c]);
+    if (sink == 12345) return 0;
+    return (double)ITERS * CHAINS * 64 * 2 / dt * 1e-9; /* 64 products per instruction */
+}
+
+typedef struct bw_arg {
+    const float *p;
+    size_t n;
+    float sum;
+} bw_arg;
+
+static void *bw_read(void *q) {
+    bw_arg *a = q;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 64 <= a->n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(a->p + i));
+        s1 = _mm512_add_ps(s1, _mm512_loadu_ps(a->p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_loadu_ps(a->p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_loadu_ps(a->p + i + 48));
+    }
+    a->sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    return NULL;
+}
+
+double nm_peak_read_gbs(int n_threads) {
+    const size_t n = (size_t)1 << 28; /* 1 GiB of floats, far past the caches */
+    float *p = malloc(n * sizeof(float));
+    if (!p) return 0;
+    memset(p, 0, n * sizeof(float));
+    bw_arg args[64];
+    pthread_t th[64];
+    if (n_threads > 64) n_threads = 64;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        const double t0 = now();
+        for (int t = 0; t < n_threads; t++) {
+            args[t] =
+                (bw_arg){.p = p + n / (size_t)n_threads * (size_t)t, .n = n / (size_t)n_threads};
+            pthread_create(&th[t], NULL, bw_read, &args[t]);
+        }
+        for (int t = 0; t < n_threads; t++)
+            pthread_join(th[t], NULL);
+        const double gbs = (double)n * sizeof(float) / (now() - t0) * 1e-9;
+        if (gbs > best) best = gbs;
+    }
+    free(p);
+    return best;
+}
+#else
+double nm_peak_fma_gflops(void) { return 0; }
+double nm_peak_bf16_dot_gflops(void) { return 0; }
+double nm_peak_vnni_gops(void) { return 0; }
+double nm_peak_read_gbs(int n_threads) {
+    (void)n_threads;
+    (void)now;
+    return 0;
+}
+#endif

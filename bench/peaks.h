@@ -1,0 +1,10 @@
+/* Measured peaks of this machine (0 when the instructions are missing). */
+#ifndef NM_BENCH_PEAKS_H
+#define NM_BENCH_PEAKS_H
+
+double nm_peak_fma_gflops(void);        /* one core, FP32 FMA, 2 flops per lane */
+double nm_peak_bf16_dot_gflops(void);   /* one core, vdpbf16ps, 2 flops per product */
+double nm_peak_vnni_gops(void);         /* one core, vpdpbusd, 2 ops per product */
+double nm_peak_read_gbs(int n_threads); /* memory read, GB/s */
+
+#endif

@@ -1,0 +1,145 @@
+/* The chat formats of Qwen3, Phi-3.5 and Mixtral, written out in C from
+ * the templates those models ship (see chat.h), and their recognition. */
+#include "chat.h"
+
+#include "base/base.h"
+
+#include <string.h>
+
+static const char *const format_names[NM_CHAT_COUNT] = {
+    [NM_CHAT_CHATML] = "chatml",
+    [NM_CHAT_PHI3] = "phi3",
+    [NM_CHAT_MISTRAL] = "mistral",
+};
+_Static_assert(sizeof format_names / sizeof format_names[0] == NM_CHAT_COUNT,
+               "one name per chat format");
+
+#define FALLBACK                                                                                   \
+    "choose one with --chat-template chatml|phi3|mistral, or drop --chat and give the prompt "     \
+    "already formatted"
+
+const char *nm_chat_format_name(nm_chat_format f) {
+    return f >= 0 && f < NM_CHAT_COUNT ? format_names[f] : "?";
+}
+
+nm_status nm_chat_format_parse(const char *name, nm_chat_format *out, nm_error *err) {
+    for (int f = 0; f < NM_CHAT_COUNT; f++)
+        if (name && strcmp(name, format_names[f]) == 0) {
+            *out = (nm_chat_format)f;
+            return NM_OK;
+        }
+    if (name && strcmp(name, "qwen3") == 0) {
+        *out = NM_CHAT_CHATML;
+        return NM_OK;
+    }
+    return nm_errorf(err, NM_ERR_INVALID_ARG,
+                     "unknown chat template '%s' (known: chatml (qwen3), phi3, mistral)",
+                     name ? name : "(null)");
+}
+
+static bool has(nm_gguf_str s, const char *what) {
+    const size_t m = strlen(what);
+    for (size_t i = 0; i + m <= s.len; i++)
+        if (memcmp(s.ptr + i, what, m) == 0) return true;
+    return false;
+}
+
+nm_status nm_chat_detect(const nm_gguf *gguf, nm_chat_format *out, nm_error *err) {
+    if (!nm_gguf_find(gguf, "tokenizer.chat_template"))
+        return nm_errorf(err, NM_ERR_NOT_FOUND,
+                         "the model has no tokenizer.chat_template; " FALLBACK);
+    nm_gguf_str t;
+    nm_status st = nm_gguf_get_str(gguf, "tokenizer.chat_template", &t, err);
+    if (st != NM_OK) return st;
+    if (has(t, "<|im_start|>") && has(t, "<|im_end|>"))
+        *out = NM_CHAT_CHATML;
+    else if (has(t, "<|user|>") && has(t, "<|assistant|>") && has(t, "<|end|>"))
+        *out = NM_CHAT_PHI3;
+    else if (has(t, "[INST]") && has(t, "[/INST]"))
+        *out = NM_CHAT_MISTRAL;
+    else
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "the model's chat template (\"%.*s...\") is not one npumoe knows "
+                         "(Qwen3/ChatML, Phi-3.5, Mixtral); " FALLBACK,
+                         (int)(t.len < 40 ? t.len : 40), t.ptr);
+    return NM_OK;
+}
+
+/* Appends strings to a growing buffer; *ok turns false on out-of-memory. */
+typedef struct text_buf {
+    char *p;
+    size_t n, cap;
+    bool ok;
+} text_buf;
+
+static void put(text_buf *b, const char *s) {
+    const size_t k = strlen(s);
+    if (!b->ok) return;
+    if (b->n + k + 1 > b->cap) {
+        size_t cap = 2 * (b->n + k + 1);
+        char *p = nm_realloc(b->p, cap);
+        if (!p) {
+            b->ok = false;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, k);
+    b->n += k;
+    b->p[b->n] = '\0';
+}
+
+nm_status nm_chat_apply(nm_chat_format f, const char *system, const char *user, char **out,
+                        size_t *n_out, nm_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    if (!user) return nm_errorf(err, NM_ERR_INVALID_ARG, "no user message");
+    const bool sys = system && *system;
+    text_buf b = {NULL, 0, 0, true};
+    put(&b, "");
+    switch (f) {
+    case NM_CHAT_CHATML: /* Qwen3's template: no default system message */
+        if (sys) {
+            put(&b, "<|im_start|>system\n");
+            put(&b, system);
+            put(&b, "<|im_end|>\n");
+        }
+        put(&b, "<|im_start|>user\n");
+        put(&b, user);
+        put(&b, "<|im_end|>\n<|im_start|>assistant\n");
+        break;
+    case NM_CHAT_PHI3: /* Phi-3.5-MoE-instruct's template; an empty system is skipped */
+        if (sys) {
+            put(&b, "<|system|>\n");
+            put(&b, system);
+            put(&b, "<|end|>\n");
+        }
+        put(&b, "<|user|>\n");
+        put(&b, user);
+        put(&b, "<|end|>\n<|assistant|>\n");
+        break;
+    case NM_CHAT_MISTRAL:
+        /* Mixtral-8x7B-Instruct-v0.1: bos_token, then "[INST] " + content +
+         * " [/INST]"; its template has no system role, so the system text
+         * leads the first user message, as llama.cpp's mistral-v1 does. */
+        put(&b, "[INST] ");
+        if (sys) {
+            put(&b, system);
+            put(&b, "\n\n");
+        }
+        put(&b, user);
+        put(&b, " [/INST]");
+        break;
+    default:
+        nm_free(b.p);
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "chat format %d is not known", (int)f);
+    }
+    if (!b.ok) {
+        nm_free(b.p);
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for the chat prompt");
+    }
+    *out = b.p;
+    *n_out = b.n;
+    return NM_OK;
+}

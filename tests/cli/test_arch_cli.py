@@ -1,0 +1,138 @@
+"""The command's options for architectures, semantics and chat prompts, as a
+user meets them: --compat (phimoe's llama.cpp semantics reproduce the
+golden logits through `npumoe logits`; the default differs; bad values are
+refused), --chat with the file's template (the prompt ids are those of the
+Phi-3.5 format, checked against ids written out by hand from the template
+and the tokenizer goldens), --chat-template, and the errors that name the
+fallback; `compare --candidate-compat` scores one semantics against the
+other.
+
+Usage: /usr/bin/python3 tests/cli/test_arch_cli.py PATH/TO/npumoe --vectors DIR
+"""
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+failures = 0
+checks = 0
+
+
+def check(cond, what, detail=""):
+    global failures, checks
+    checks += 1
+    if not cond:
+        failures += 1
+        print("FAIL: %s %s" % (what, detail))
+
+
+def run(binary, args):
+    p = subprocess.run([binary] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def expect_error(binary, args, needle, what):
+    rc, out, err = run(binary, args)
+    lines = err.strip().splitlines()
+    check(rc != 0 and len(lines) == 1 and needle in err, what,
+          "(rc %d, stderr %r)" % (rc, err[:300]))
+
+
+def read_f32(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return struct.unpack("<%df" % (len(data) // 4), data)
+
+
+def max_rel(a, b, n_vocab, rows):
+    worst = 0.0
+    for r in rows:
+        ra, rb = a[r * n_vocab:(r + 1) * n_vocab], b[rows.index(r) * n_vocab:(rows.index(r) + 1) * n_vocab]
+        d = max(abs(x - y) for x, y in zip(ra, rb))
+        worst = max(worst, d / max(abs(y) for y in rb))
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("npumoe")
+    ap.add_argument("--vectors", required=True)
+    a = ap.parse_args()
+    bin_ = os.path.abspath(a.npumoe)
+    phi = os.path.join(a.vectors, "tiny-phimoe")
+    phi_model = os.path.join(phi, "model.gguf")
+    mixtral = os.path.join(a.vectors, "tiny-mixtral", "model.gguf")
+    n_vocab = 32064
+    with open(os.path.join(phi, "prompts.txt")) as f:
+        prompt1 = f.read().splitlines()[1]
+    rows = list(range(len(prompt1.split())))
+    gold = read_f32(os.path.join(phi, "logits_1.f32"))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "l.f32")
+        # --compat llama.cpp reproduces llama.cpp's logits; the default does not
+        for compat, want_close in (("llama.cpp", True), ("none", False)):
+            rc, _, err = run(bin_, ["logits", "-m", phi_model, "--tokens", prompt1, "--all",
+                                    "-o", out, "--compat", compat])
+            check(rc == 0, "logits --compat %s" % compat, err)
+            if rc == 0:
+                e = max_rel(read_f32(out), gold, n_vocab, rows)
+                print("tiny-phimoe prompt 1, --compat %s: max rel vs llama.cpp %.3g" % (compat, e))
+                check((e < 1e-5) == want_close, "--compat %s distance %.3g" % (compat, e))
+
+    # --chat: the Phi-3.5 format, tokenized as llama.cpp does (ids from the
+    # llama2 vocab: <|system|> 32006, "\n" after a special is ▁ 29871 + <0x0A> 13)
+    rc, out, err = run(bin_, ["run", "-m", phi_model, "-p", "Hi", "--chat", "--system", "Be brief.",
+                              "-n", "2", "--temp", "0", "--json"])
+    check(rc == 0, "run --chat", err)
+    if rc == 0:
+        ids = json.loads(out)["prompt_ids"]
+        want = [32006, 29871, 13, 3629, 11473, 29889, 32007, 29871, 13, 32010, 29871, 13, 18567,
+                32007, 29871, 13, 32001, 29871, 13]
+        check(ids == want, "phi3 chat prompt ids", "%s" % ids)
+    rc, out, err = run(bin_, ["run", "-m", mixtral, "-p", "Hi", "--chat", "--chat-template",
+                              "mistral", "-n", "1", "--temp", "0", "--json"])
+    check(rc == 0, "run --chat-template mistral", err)
+    if rc == 0:
+        # BOS, ▁[ INST ] ▁Hi ▁[ / INST ] as the mistral vocab spells them
+        ids = json.loads(out)["prompt_ids"]
+        check(ids[0] == 1 and len(ids) > 3, "mistral chat prompt starts with BOS", "%s" % ids)
+
+    # compare: the same file under the two semantics, scored on a text
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "t.txt")
+        with open(text, "w") as f:
+            f.write("The quick brown fox jumps over the lazy dog. " * 40)
+        for cand, far in (("llama.cpp", True), ("none", False)):
+            rc, out, err = run(bin_, ["compare", "-m", phi_model, "-f", text, "--ctx", "64",
+                                      "--candidate-compat", cand, "--json"])
+            check(rc == 0, "compare --candidate-compat %s" % cand, err)
+            if rc == 0:
+                r = json.loads(out)
+                print("tiny-phimoe as trained vs --candidate-compat %s: KL %.4g, top-1 %.3f" % (
+                    cand, r["kl_mean"], r["top1_agreement"]))
+                check((r["kl_mean"] > 0.01) == far and (r["top1_agreement"] < 0.99) == far,
+                      "semantics distance", "%s" % r)
+
+    # errors, one line each, naming what to do
+    expect_error(bin_, ["run", "-m", mixtral, "-p", "Hi", "--chat"], "--chat-template",
+                 "no template in the file")
+    expect_error(bin_, ["run", "-m", phi_model, "-p", "Hi", "--chat", "--chat-template", "jinja"],
+                 "phi3", "unknown --chat-template")
+    expect_error(bin_, ["run", "-m", phi_model, "--tokens", "1 2", "--chat"], "--chat",
+                 "--chat with token ids")
+    expect_error(bin_, ["run", "-m", phi_model, "-p", "Hi", "--system", "x"], "--chat",
+                 "--system without --chat")
+    expect_error(bin_, ["info", "-m", phi_model, "--compat", "hf"], "llama.cpp", "bad --compat")
+    expect_error(bin_, ["logits", "-m", phi_model, "-p", "x", "--chat", "-o", "/dev/null"],
+                 "chat", "--chat on a command without it")
+    print("test_arch_cli: %d passed, %d failed" % (checks - failures, failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

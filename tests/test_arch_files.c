@@ -1,0 +1,112 @@
+/* Files the new adapters must refuse, each with a message naming what is
+ * wrong: copies of the tiny models with one key changed or one tensor
+ * removed or added (a dense llama, GQA in olmoe, a missing phimoe bias, half
+ * of the RoPE factors, fused q/k/v, the old per-expert Mixtral layout, a
+ * bad attention factor). The copies are written to the build folder. */
+#include "harness.h"
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "npumoe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One change to a file: a key to replace (or drop when value is NULL), a
+ * tensor to drop, a tensor to add (a copy of an existing one). */
+typedef struct change {
+    const char *key;
+    const nm_gguf_value *value;
+    const char *drop_tensor;
+    const char *add_tensor; /* new name */
+    const char *add_from;   /* copied from */
+} change;
+
+static void copy_cstr(nm_gguf_str s, char *buf, size_t cap) {
+    size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(buf, s.ptr, n);
+    buf[n] = '\0';
+}
+
+static bool write_copy(const char *src, const change *c, const char *dst) {
+    nm_gguf *g = NULL;
+    nm_error err = {0};
+    if (nm_gguf_open(src, &g, &err) != NM_OK) return false;
+    nm_gguf_writer *w = nm_gguf_writer_new();
+    bool ok = w != NULL;
+    char name[256];
+    for (uint64_t i = 0; ok && i < nm_gguf_n_kv(g); i++) {
+        const nm_gguf_kv *kv = nm_gguf_kv_at(g, i);
+        copy_cstr(kv->key, name, sizeof name);
+        if (c->key && strcmp(name, c->key) == 0) continue;
+        ok = nm_gguf_writer_set_value(w, name, &kv->value) == NM_OK;
+    }
+    if (ok && c->key && c->value) ok = nm_gguf_writer_set_value(w, c->key, c->value) == NM_OK;
+    for (uint64_t i = 0; ok && i < nm_gguf_n_tensors(g); i++) {
+        const nm_gguf_tensor *t = nm_gguf_tensor_at(g, i);
+        copy_cstr(t->name, name, sizeof name);
+        if (c->drop_tensor && strcmp(name, c->drop_tensor) == 0) continue;
+        ok = nm_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->n_bytes) ==
+             NM_OK;
+        if (ok && c->add_tensor && strcmp(name, c->add_from) == 0)
+            ok = nm_gguf_writer_add_tensor(w, c->add_tensor, t->type, t->n_dims, t->ne, t->data,
+                                           t->n_bytes) == NM_OK;
+    }
+    if (ok) ok = nm_gguf_writer_write_file(w, dst, &err) == NM_OK;
+    if (!ok) fprintf(stderr, "copy of %s: %s\n", src, err.msg);
+    nm_gguf_writer_free(w);
+    nm_gguf_close(g);
+    return ok;
+}
+
+static void expect_refused(const char *model, const change *c, nm_status want, const char *needle,
+                           const char *what) {
+    char src[1024], dst[1024];
+    snprintf(src, sizeof src, "%s/%s/model.gguf", NM_VECTORS_DIR, model);
+    snprintf(dst, sizeof dst, "%s/test_arch_files.gguf", NM_BUILD_DIR);
+    CHECK(write_copy(src, c, dst));
+    nm_model *m = NULL;
+    nm_error err = {0};
+    nm_status st = nm_model_load(dst, NULL, &m, &err);
+    nm_test_checks++;
+    if (st != want || !strstr(err.msg, needle)) {
+        nm_test_failures++;
+        fprintf(stderr, "%s: want %s with '%s', got %s: '%s'\n", what, nm_status_str(want), needle,
+                nm_status_str(st), err.msg);
+    } else {
+        printf("%s: %s\n", what, err.msg);
+    }
+    nm_model_free(m);
+    remove(dst);
+}
+
+int main(void) {
+    nm_gguf_value u32 = {.type = NM_GGUF_UINT32};
+    nm_gguf_value f32 = {.type = NM_GGUF_FLOAT32};
+
+    u32.v.u64 = 0;
+    expect_refused("tiny-mixtral", &(change){.key = "llama.expert_count", .value = &u32},
+                   NM_ERR_UNSUPPORTED, "dense models", "llama without experts");
+    u32.v.u64 = 2;
+    expect_refused("tiny-olmoe", &(change){.key = "olmoe.attention.head_count_kv", .value = &u32},
+                   NM_ERR_FORMAT, "key/value heads", "olmoe with GQA");
+    expect_refused("tiny-phimoe", &(change){.drop_tensor = "blk.1.attn_q.bias"}, NM_ERR_NOT_FOUND,
+                   "blk.1.attn_q.bias", "phimoe without a q bias");
+    expect_refused("tiny-phimoe", &(change){.drop_tensor = "rope_factors_long.weight"},
+                   NM_ERR_FORMAT, "rope_factors_long", "phimoe with short RoPE factors only");
+    f32.v.f64 = -1.0;
+    expect_refused("tiny-phimoe",
+                   &(change){.key = "phimoe.rope.scaling.attn_factor", .value = &f32},
+                   NM_ERR_FORMAT, "attn_factor", "phimoe with a negative attention factor");
+    expect_refused(
+        "tiny-mixtral",
+        &(change){.add_tensor = "blk.0.attn_qkv.weight", .add_from = "blk.0.attn_q.weight"},
+        NM_ERR_UNSUPPORTED, "fused", "llama with fused q/k/v");
+    expect_refused(
+        "tiny-mixtral",
+        &(change){.add_tensor = "blk.0.ffn_gate.0.weight", .add_from = "blk.0.attn_q.weight"},
+        NM_ERR_UNSUPPORTED, "reconvert", "Mixtral's old per-expert layout");
+    expect_refused("tiny-olmoe", &(change){.drop_tensor = "blk.0.attn_k_norm.weight"},
+                   NM_ERR_NOT_FOUND, "attn_k_norm", "olmoe without its k norm");
+    return nm_test_finish("test_arch_files");
+}

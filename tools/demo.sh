@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The README's main command: builds npumoe and runs the whole NPUMoE loop on
+# the shipped model: calibrate on text, profile the device, plan, generate
+# with the plan, and the bench table of the prefill modes. A few minutes on
+# 2 cores. Outputs go to build/demo/.
+#   MODEL=... TEXT=... DEVICE=... CHUNK=... LENGTHS=... REPS=... to change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-models/npumoe-tiny-moe.gguf}
+TEXT=${TEXT:-models/heldout.txt}
+DEVICE=${DEVICE:-cpu}
+CHUNK=${CHUNK:-256}
+LENGTHS=${LENGTHS:-512,1024,2048}
+REPS=${REPS:-3}
+PROMPT=${PROMPT:-"The quick brown fox"}
+out=build/demo
+
+echo "== building"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+mkdir -p "$out"
+np=./build/npumoe
+
+echo "== the model"
+$np info -m "$MODEL" | head -12
+echo "== 1. calibrate: per-chunk expert loads on $TEXT"
+$np calibrate -m "$MODEL" -f "$TEXT" --chunk "$CHUNK" -o "$out/calib.json"
+echo "== 2. profile the $DEVICE device and the host"
+$np profile -m "$MODEL" --device "$DEVICE" --chunk "$CHUNK" -o "$out/profile.json"
+echo "== 3. plan: tiers, groups, residency"
+$np plan -m "$MODEL" --calib "$out/calib.json" --profile "$out/profile.json" -o "$out/plan.json"
+echo "== 4. generate with the plan"
+$np run -m "$MODEL" --plan "$out/plan.json" --device "$DEVICE" -p "$PROMPT" -n 48 --temp 0
+echo "== 5. bench: TTFT of every mode by prompt length (report: $out/bench.md, .json, .svg)"
+$np bench -m "$MODEL" --plan "$out/plan.json" --device "$DEVICE" -f "$TEXT" \
+    --lengths "$LENGTHS" -r "$REPS" -o "$out/bench"
