@@ -1,0 +1,14 @@
+# The per-ISA kernel files are compiled with their own instruction-set flags.
+# Source-file properties belong to one CMake directory, so every directory
+# that compiles the library's sources (the top level, tests/fuzz) calls this.
+function(nm_set_kernel_flags)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx2.c PROPERTIES
+                                COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512.c PROPERTIES
+                                COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512bf16.c PROPERTIES
+                                COMPILE_OPTIONS
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mfma;-mf16c")
+  endif()
+endfunction()
