@@ -51,4 +51,13 @@ unsigned char *nm_test_read_file(const char *path, size_t *n_bytes);
  * cap of them; returns how many, or -1 if the file cannot be read. */
 int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap);
 
+/* Prints text with escapes, and token ids, to stderr (failed comparisons). */
+void nm_test_print_text(const char *label, const char *s, size_t n);
+void nm_test_print_ids(const char *label, const int32_t *ids, size_t n);
+
+/* Parses the RFC 8259 string literal at *p (the first column of the vectors'
+ * *-tokenize.tsv) into out, which has room for as many bytes as the literal;
+ * advances *p past it and returns its length, or -1 if malformed. */
+long nm_test_parse_json_string(const char **p, char *out);
+
 #endif

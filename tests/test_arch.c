@@ -29,29 +29,6 @@
 
 enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24, MAX_K = 8, MAX_LAYERS = 4 };
 
-static int read_ints(const char *path, int line_no, int32_t *out, int cap) {
-    size_t n_bytes;
-    char *text = (char *)nm_test_read_file(path, &n_bytes);
-    if (!text) return -1;
-    char *line = text;
-    for (int i = 0; i < line_no && line; i++) {
-        line = strchr(line, '\n');
-        if (line) line++;
-    }
-    int n = 0;
-    while (line && *line && *line != '\n' && n < cap) {
-        char *end;
-        long v = strtol(line, &end, 10);
-        if (end == line) break;
-        out[n++] = (int32_t)v;
-        line = end;
-        while (*line == ' ')
-            line++;
-    }
-    free(text);
-    return n;
-}
-
 /* Reads line line_no of floats (or of all lines when line_no < 0, up to cap). */
 static int read_floats(const char *path, int line_no, float *out, int cap) {
     size_t n_bytes;
@@ -95,7 +72,7 @@ static double compare_prompt(const char *dir, int p, const float *all_logits, in
     char path[1024];
     int32_t pos[MAX_IDS];
     snprintf(path, sizeof path, "%s/positions.txt", dir);
-    int n_pos = read_ints(path, p, pos, MAX_IDS);
+    int n_pos = nm_test_read_ints(path, p, pos, MAX_IDS);
     snprintf(path, sizeof path, "%s/logits_%d.f32", dir, p);
     size_t n_bytes;
     float *gold = (float *)nm_test_read_file(path, &n_bytes);
@@ -161,7 +138,7 @@ static int compare_experts(const char *dir, int p, int n, int n_layer, int k, in
     for (int t = 0; t < n; t++) {
         int32_t want[MAX_LAYERS * MAX_K];
         float gap[MAX_LAYERS];
-        if (read_ints(path, t, want, MAX_LAYERS * MAX_K) != n_layer * k) break;
+        if (nm_test_read_ints(path, t, want, MAX_LAYERS * MAX_K) != n_layer * k) break;
         if (read_floats(gpath, t, gap, MAX_LAYERS) != n_layer) break;
         for (int il = 0; il < n_layer; il++) {
             if (gap[il] < 1e-4f) continue;
@@ -198,7 +175,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
     for (int p = 0; p < N_PROMPTS; p++) {
         int32_t ids[MAX_IDS];
         snprintf(path, sizeof path, "%s/prompts.txt", dir);
-        int n = read_ints(path, p, ids, MAX_IDS);
+        int n = nm_test_read_ints(path, p, ids, MAX_IDS);
         CHECK(n > 0);
         if (n <= 0) continue;
         const int configs[2][2] = {{512, 1}, {16, 2}};
@@ -243,7 +220,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
         int32_t want[N_GREEDY];
         float margin[N_GREEDY];
         snprintf(path, sizeof path, "%s/greedy.txt", dir);
-        CHECK_INT_EQ(read_ints(path, p, want, N_GREEDY), N_GREEDY);
+        CHECK_INT_EQ(nm_test_read_ints(path, p, want, N_GREEDY), N_GREEDY);
         snprintf(path, sizeof path, "%s/greedy_margin.txt", dir);
         CHECK_INT_EQ(read_floats(path, p, margin, N_GREEDY), N_GREEDY);
         int32_t next = argmax(split + (size_t)(n - 1) * nv, nv);
@@ -299,7 +276,7 @@ static void phimoe_semantics_distance(void) {
     for (int p = 0; p < N_PROMPTS; p++) {
         int32_t ids[MAX_IDS];
         snprintf(path, sizeof path, "%s/prompts.txt", dir);
-        int n = read_ints(path, p, ids, MAX_IDS);
+        int n = nm_test_read_ints(path, p, ids, MAX_IDS);
         if (n <= 0) continue;
         for (int c = 0; c < 2; c++) {
             nm_session *s = new_session(m[c], 512, 2);

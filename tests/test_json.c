@@ -331,7 +331,6 @@ static void test_truncation(void) {
     nm_json_free(parse_ok(doc));
 }
 
-
 /* ---- UTF-8 against an independent validator ------------------------------ */
 
 /* Decodes by the bit patterns, then refuses overlong forms, surrogates and

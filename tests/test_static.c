@@ -214,7 +214,8 @@ int main(void) {
     if (!m || !dev) return nm_test_finish("test_static");
     const int nv = m->hp.n_vocab;
     int32_t ids[MAX_IDS];
-    const int n = nm_test_read_ints(VEC "prompts.txt", 3, ids, MAX_IDS); /* 100 tokens: 6 chunks of 16 and a padded 4 */
+    const int n = nm_test_read_ints(VEC "prompts.txt", 3, ids,
+                                    MAX_IDS); /* 100 tokens: 6 chunks of 16 and a padded 4 */
     CHECK_INT_EQ(n, 100);
     const int n_decode = 5, rows = n + n_decode;
     float *dense = malloc((size_t)rows * nv * sizeof(float));

@@ -19,26 +19,7 @@ enum { T = 16, MAX_IDS = 512, MAX_EXPERT = 16, MAX_LAYER = 4 };
 static int read_prompt(const char *dir, int line_no, int32_t *out) {
     char path[1024];
     snprintf(path, sizeof path, "%s/prompts.txt", dir);
-    size_t n_bytes;
-    char *text = (char *)nm_test_read_file(path, &n_bytes);
-    if (!text) return -1;
-    char *line = text;
-    for (int i = 0; i < line_no && line; i++) {
-        line = strchr(line, '\n');
-        if (line) line++;
-    }
-    int n = 0;
-    while (line && *line && *line != '\n' && n < MAX_IDS) {
-        char *end;
-        long v = strtol(line, &end, 10);
-        if (end == line) break;
-        out[n++] = (int32_t)v;
-        line = end;
-        while (*line == ' ')
-            line++;
-    }
-    free(text);
-    return n;
+    return nm_test_read_ints(path, line_no, out, MAX_IDS);
 }
 
 /* Two groups per layer (even and odd experts); the odd one on the host. */

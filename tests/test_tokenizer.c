@@ -16,32 +16,6 @@
 /* ---- helpers ---------------------------------------------------------------------- */
 
 /* Prints bytes as a JSON-ish literal so that mismatches are readable. */
-static void print_text(const char *label, const char *s, size_t n) {
-    fprintf(stderr, "  %s \"", label);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n')
-            fputs("\\n", stderr);
-        else if (c == '\t')
-            fputs("\\t", stderr);
-        else if (c == '\r')
-            fputs("\\r", stderr);
-        else if (c == '"' || c == '\\')
-            fprintf(stderr, "\\%c", c);
-        else if (c < 0x20 || c == 0x7F)
-            fprintf(stderr, "\\x%02X", c);
-        else
-            fputc(c, stderr);
-    }
-    fputs("\"\n", stderr);
-}
-
-static void print_ids(const char *label, const int32_t *ids, size_t n) {
-    fprintf(stderr, "  %s [%zu]:", label, n);
-    for (size_t i = 0; i < n; i++)
-        fprintf(stderr, " %d", ids[i]);
-    fputc('\n', stderr);
-}
 
 /* Encodes with a buffer of the right size; returns the count or -1. */
 static long encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_bos,
@@ -77,109 +51,10 @@ static void check_encoding(const nm_tokenizer *tok, const char *s, bool parse_sp
     if (n != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
         nm_test_failures++;
         fprintf(stderr, "encoding mismatch:\n");
-        print_text("text", s, strlen(s));
-        print_ids("want", want, n_want);
-        if (n >= 0) print_ids("got ", got, (size_t)n);
+        nm_test_print_text("text", s, strlen(s));
+        nm_test_print_ids("want", want, n_want);
+        if (n >= 0) nm_test_print_ids("got ", got, (size_t)n);
     }
-}
-
-/* ---- golden files ------------------------------------------------------------------- */
-
-static int hex4(const char *p) {
-    int v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-static size_t put_utf8(char *out, unsigned cp) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | cp >> 12);
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | cp >> 18);
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* Parses the RFC 8259 string literal at *p into out (room for as many bytes
- * as the literal has); returns its length, or -1 if malformed. */
-static long parse_json_string(const char **p, char *out) {
-    const char *s = *p;
-    if (*s++ != '"') return -1;
-    size_t n = 0;
-    while (*s != '"') {
-        if (*s == '\0' || *s == '\n') return -1;
-        if (*s != '\\') {
-            out[n++] = *s++;
-            continue;
-        }
-        s++;
-        switch (*s++) {
-        case '"':
-            out[n++] = '"';
-            break;
-        case '\\':
-            out[n++] = '\\';
-            break;
-        case '/':
-            out[n++] = '/';
-            break;
-        case 'b':
-            out[n++] = '\b';
-            break;
-        case 'f':
-            out[n++] = '\f';
-            break;
-        case 'n':
-            out[n++] = '\n';
-            break;
-        case 'r':
-            out[n++] = '\r';
-            break;
-        case 't':
-            out[n++] = '\t';
-            break;
-        case 'u': {
-            int hi = hex4(s);
-            if (hi < 0) return -1;
-            s += 4;
-            unsigned cp = (unsigned)hi;
-            if (hi >= 0xD800 && hi < 0xDC00 && s[0] == '\\' && s[1] == 'u') {
-                int lo = hex4(s + 2);
-                if (lo < 0xDC00 || lo > 0xDFFF) return -1;
-                cp = 0x10000 + (((unsigned)hi - 0xD800) << 10) + ((unsigned)lo - 0xDC00);
-                s += 6;
-            }
-            n += put_utf8(out + n, cp);
-            break;
-        }
-        default:
-            return -1;
-        }
-    }
-    *p = s + 1;
-    return (long)n;
 }
 
 /* Checks every line of a golden TSV; returns the number of lines. */
@@ -198,7 +73,7 @@ static int check_golden_file(const nm_tokenizer *tok, const char *tsv_path) {
         char *eol = strchr(p, '\n');
         if (eol) *eol = '\0';
         const char *q = p;
-        long n_text = parse_json_string(&q, text);
+        long n_text = nm_test_parse_json_string(&q, text);
         CHECK(n_text >= 0 && *q == '\t');
         if (n_text < 0 || *q != '\t') break;
         size_t n_want = 0;
@@ -216,9 +91,9 @@ static int check_golden_file(const nm_tokenizer *tok, const char *tsv_path) {
         if (n_got != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
             nm_test_failures++;
             fprintf(stderr, "%s line %d: ids differ from llama.cpp's\n", tsv_path, line + 1);
-            print_text("text", text, (size_t)n_text);
-            print_ids("llama.cpp", want, n_want);
-            if (n_got >= 0) print_ids("npumoe   ", got, (size_t)n_got);
+            nm_test_print_text("text", text, (size_t)n_text);
+            nm_test_print_ids("llama.cpp", want, n_want);
+            if (n_got >= 0) nm_test_print_ids("npumoe   ", got, (size_t)n_got);
         }
         /* llama.cpp does not normalise, so the pieces give the input back */
         size_t n_dec = decode(tok, want, n_want, decoded, 4 * n_file + 64);
@@ -227,8 +102,8 @@ static int check_golden_file(const nm_tokenizer *tok, const char *tsv_path) {
             nm_test_failures++;
             fprintf(stderr, "%s line %d: decoding llama.cpp's ids does not give the text\n",
                     tsv_path, line + 1);
-            print_text("text   ", text, (size_t)n_text);
-            if (n_dec != (size_t)-1) print_text("decoded", decoded, n_dec);
+            nm_test_print_text("text   ", text, (size_t)n_text);
+            if (n_dec != (size_t)-1) nm_test_print_text("decoded", decoded, n_dec);
         }
         if (!eol) break;
         p = eol + 1;
