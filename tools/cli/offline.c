@@ -65,7 +65,13 @@ int cmd_calibrate(nm_model *model, const cli_options *o) {
     int32_t *ids = prompt_ids(model, o, &n, &err);
     if (!ids) return fail_err(&err);
     const int32_t chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
-    int32_t window = o->ctx ? o->ctx : DEFAULT_WINDOW;
+    /* windows no longer than the trained context: a model routes positions
+     * it never saw differently */
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    int32_t window = o->ctx                              ? o->ctx
+                     : info.n_ctx_train < DEFAULT_WINDOW ? info.n_ctx_train
+                                                         : DEFAULT_WINDOW;
     window -= window % chunk;
     if (window < chunk) {
         free(ids);
