@@ -313,6 +313,8 @@ static nm_profile make_profile(double dispatch, double per_row) {
                     .dispatch_ms = dispatch,
                     .host_row_ms = 0.01,
                     .host_expert_ms = 0.05,
+                    .chunk = 16,
+                    .host_overhead_ms = 0,
                     .n_points = 20,
                     .points = grid_points};
     snprintf(p.device, sizeof p.device, "synthetic");
@@ -326,6 +328,8 @@ static nm_profile make_profile(double dispatch, double per_row) {
 
 static void test_profile_files(void) {
     nm_profile p = make_profile(0.0123456789, 0.000987654321);
+    p.chunk = 48;
+    p.host_overhead_ms = 0.125;
     grid_points[7].graph_ms = 1.0 / 3; /* any double must come back exactly */
     nm_error err = {0};
     CHECK_INT_EQ(nm_profile_check(&p, &err), NM_OK);
@@ -337,7 +341,8 @@ static void test_profile_files(void) {
     CHECK_INT_EQ(r.d_ff, 32);
     CHECK_INT_EQ(r.weight_type, NM_DTYPE_F32);
     CHECK(r.dispatch_ms == p.dispatch_ms && r.host_row_ms == p.host_row_ms &&
-          r.host_expert_ms == p.host_expert_ms);
+          r.host_expert_ms == p.host_expert_ms && r.chunk == p.chunk &&
+          r.host_overhead_ms == p.host_overhead_ms);
     CHECK_INT_EQ(r.n_points, p.n_points);
     for (int i = 0; i < r.n_points && i < p.n_points; i++) {
         CHECK_INT_EQ(r.points[i].n_experts, p.points[i].n_experts);
@@ -450,6 +455,18 @@ static void test_planner_known(const nm_model *m) {
             CHECK_NEAR(p->layer_cost[l].host_ms, all_host_ms, 1e-12);
         }
         CHECK_NEAR(p->predicted_chunk_ms, 3 * all_host_ms, 1e-12);
+        nm_plan_free(p);
+        /* the host's per-chunk overhead, measured over chunks of 64 tokens,
+         * scales to the plan's 16: a quarter of it is added to every layer */
+        prof.chunk = 64;
+        prof.host_overhead_ms = 0.2;
+        p = make_plan(m, c, &prof, NULL);
+        for (int l = 0; p && l < N_LAYER; l++)
+            CHECK_NEAR(p->layer_cost[l].host_ms, all_host_ms + 0.05, 1e-12);
+        if (p) CHECK_NEAR(p->predicted_chunk_ms, 3 * (all_host_ms + 0.05), 1e-12);
+        prof.host_overhead_ms = 0;
+    }
+    if (p) {
         const int32_t tier_of_rank[N_EXPERT] = {16, 8, 8, 4, 2, 1, 1, 1};
         for (int l = 0; l < N_LAYER; l++)
             for (int r = 0; r < N_EXPERT; r++) {
@@ -773,7 +790,7 @@ static const char calib_text[] =
 static const char profile_text[] =
     "{\"format\": \"npumoe-profile\", \"version\": 1, \"device\": \"cpu\", \"d_model\": 64,\n"
     " \"d_ff\": 32, \"weight_type\": \"f32\", \"dispatch_ms\": 0.01, \"host_row_ms\": 0.002,\n"
-    " \"host_expert_ms\": 0, \"points\": [\n"
+    " \"host_expert_ms\": 0, \"chunk\": 8, \"host_overhead_ms\": 0.004, \"points\": [\n"
     "  {\"n_experts\": 1, \"capacity\": 4, \"graph_ms\": 0.02},\n"
     "  {\"n_experts\": 1, \"capacity\": 8, \"graph_ms\": 0.03},\n"
     "  {\"n_experts\": 2, \"capacity\": 4, \"graph_ms\": 0.03},\n"
@@ -978,6 +995,11 @@ static void test_malformed(const nm_model *m, const nm_model *other) {
     REFUSE(PROFILE, NULL, edit(pf, "\"host_row_ms\": 0.002", "\"host_row_ms\": 0"), NM_ERR_FORMAT,
            "host_row_ms 0 ms is not a positive time");
     REFUSE(PROFILE, NULL, edit(pf, "\"f32\"", "\"f99\""), NM_ERR_FORMAT, "weight_type");
+    REFUSE(PROFILE, NULL, edit(pf, "\"chunk\": 8", "\"chunk\": 0"), NM_ERR_FORMAT,
+           "chunk: expected an integer in [1, 65536]");
+    REFUSE(PROFILE, NULL, edit(pf, ", \"chunk\": 8", ""), NM_ERR_NOT_FOUND, "missing key 'chunk'");
+    REFUSE(PROFILE, NULL, edit(pf, "\"host_overhead_ms\": 0.004", "\"host_overhead_ms\": -1"),
+           NM_ERR_FORMAT, "host_overhead_ms");
     REFUSE(PROFILE, NULL, edit(pf, "\"d_model\": 64", "\"d_model\": 0"), NM_ERR_FORMAT, "d_model");
     REFUSE(PROFILE, NULL, edit(pf, "\"graph_ms\": 0.05", "\"graph_ms\": 1e12"), NM_ERR_FORMAT,
            "graph_ms");
@@ -1112,8 +1134,11 @@ static void test_end_to_end(nm_model *m) {
     if (dev && pool) {
         nm_status st = nm_device_profile(dev, &m->layers[0].experts, m->hp.n_embd, m->hp.n_ff_exp,
                                          counts, 3, caps, 3, 3, pool, NULL, NULL, &prof, &err);
+        if (st == NM_OK) st = nm_model_profile_overhead(m, pool, T, 3, &prof, &err);
         if (st) fprintf(stderr, "profile: %s\n", err.msg);
         CHECK_INT_EQ(st, NM_OK);
+        CHECK_INT_EQ(prof.chunk, T);
+        CHECK(prof.host_overhead_ms >= 0 && prof.host_overhead_ms < 1e3);
     }
     if (prof.points) {
         CHECK_INT_EQ(nm_profile_save(&prof, TMP("cpu.profile.json"), &err), NM_OK);

@@ -108,6 +108,14 @@ typedef struct nm_profile {
     double host_row_ms;    /* host wall time per expert row (gate, up, down) with the
                               whole host pool busy: one task's cost over the threads */
     double host_expert_ms; /* host fixed cost per active expert */
+    /* What the host's MoE step of one layer costs per chunk beyond its
+     * expert FFNs as fitted above (dispatch table, gathering and scattering
+     * rows, combine, threads finishing unevenly, caches holding other
+     * layers): measured over a chunk of `chunk` tokens after
+     * nm_device_profile, by nm_model_profile_overhead (model.h), which needs
+     * the whole model; never below 0. */
+    int32_t chunk;
+    double host_overhead_ms;
     int32_t n_points;
     nm_profile_point *points; /* [n_points] */
 } nm_profile;

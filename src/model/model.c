@@ -79,7 +79,7 @@ static nm_status check_computable(const nm_gguf_tensor *t, const char *name, nm_
     if (!nm_dtype_is_supported(t->type))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "tensor '%s' has type %s, which npumoe cannot compute with yet "
-                         "(supported: f32, f16, bf16)",
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K)",
                          name, nm_dtype_name(t->type));
     return NM_OK;
 }
@@ -261,4 +261,32 @@ void nm_model_describe(const nm_model *model, void *file) {
                 (int)(t->name.len > 64 ? 64 : t->name.len), t->name.ptr, nm_dtype_name(t->type),
                 shape, t->n_bytes);
     }
+}
+
+nm_status nm_model_profile_overhead(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
+                                    nm_profile *profile, nm_error *err) {
+    NM_ASSERT(m && pool && chunk >= 1 && reps >= 1 && profile);
+    const nm_hparams *hp = &m->hp;
+    const nm_expert_weights **layers = nm_malloc((size_t)hp->n_layer * sizeof *layers);
+    int32_t *loads = nm_malloc((size_t)hp->n_expert * sizeof *loads);
+    nm_status st = NM_OK;
+    if (!layers || !loads) {
+        st = nm_errorf(err, NM_ERR_NOMEM, "out of memory measuring the host MoE step");
+        goto out;
+    }
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        layers[l] = &m->layers[l].experts;
+    double ms;
+    st = nm_moe_time_host_layer(pool, layers, hp->n_layer, hp->n_embd, hp->n_ff_exp, chunk,
+                                hp->n_expert_used, 4 * reps, &ms, loads, err);
+    if (st) goto out;
+    double fit_ms = 0;
+    for (int32_t e = 0; e < hp->n_expert; e++)
+        if (loads[e] > 0) fit_ms += profile->host_expert_ms + profile->host_row_ms * loads[e];
+    profile->chunk = chunk;
+    profile->host_overhead_ms = ms > fit_ms ? ms - fit_ms : 0.0;
+out:
+    nm_free(layers);
+    nm_free(loads);
+    return st;
 }

@@ -7,6 +7,7 @@
 #include "base/base.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void nm_moe_route_softmax_topk(const float *logits, int32_t n_expert, int32_t k, bool renorm,
@@ -198,4 +199,69 @@ void nm_moe_dense_dispatched(nm_pool *pool, const nm_expert_weights *w, const fl
                                               .rows = d->rows + d->offset[e]};
     nm_moe_run_host_jobs(pool, w, x, s, s->jobs, n_jobs);
     nm_moe_combine(s, n_tokens, weights, NULL, out);
+}
+
+/* ---- measuring the host MoE step ---- */
+
+static int cmp_ms(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+nm_status nm_moe_time_host_layer(nm_pool *pool, const nm_expert_weights *const *layers,
+                                 int32_t n_layer, int64_t d_model, int64_t d_ff, int32_t n_tokens,
+                                 int32_t k, int reps, double *ms, int32_t *loads, nm_error *err) {
+    NM_ASSERT(pool && layers && n_layer >= 1 && n_tokens >= 1 && reps >= 1 && ms && loads);
+    const int32_t n_expert = layers[0]->n_expert;
+    if (k < 1 || k > n_expert)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "%d experts per token of %d", k, n_expert);
+    const size_t n_assign = (size_t)n_tokens * (size_t)k;
+    nm_moe_scratch *s = NULL;
+    nm_status st =
+        nm_moe_scratch_new(n_tokens, k, n_expert, d_model, d_ff, nm_pool_n_threads(pool), &s, err);
+    if (st) return st;
+    float *x = nm_malloc((size_t)n_tokens * (size_t)d_model * sizeof(float));
+    float *out = nm_malloc((size_t)n_tokens * (size_t)d_model * sizeof(float));
+    float *weights = nm_malloc(n_assign * sizeof(float));
+    int32_t *ids = nm_malloc(n_assign * sizeof(int32_t));
+    double *times = nm_malloc((size_t)reps * sizeof(double));
+    if (!x || !out || !weights || !ids || !times) {
+        st = nm_errorf(err, NM_ERR_NOMEM, "out of memory measuring the host MoE step");
+        goto out;
+    }
+    nm_rng rng;
+    nm_rng_seed(&rng, 0x6d6f652d686f7374ull);
+    for (size_t i = 0; i < (size_t)n_tokens * (size_t)d_model; i++)
+        x[i] = (float)(2.0 * nm_rng_unit(&rng) - 1.0);
+    memset(loads, 0, (size_t)n_expert * sizeof(int32_t));
+    for (int32_t t = 0; t < n_tokens; t++) {
+        int32_t *id = ids + (size_t)t * (size_t)k;
+        for (int32_t slot = 0; slot < k; slot++) {
+            bool taken;
+            do { /* k distinct experts, each uniform */
+                id[slot] = (int32_t)(nm_rng_unit(&rng) * n_expert);
+                taken = false;
+                for (int32_t j = 0; j < slot; j++)
+                    taken |= id[j] == id[slot];
+            } while (taken);
+            weights[(size_t)t * (size_t)k + (size_t)slot] = 1.0f / (float)k;
+            loads[id[slot]]++;
+        }
+    }
+    nm_moe_forward_dense(pool, layers[0], x, n_tokens, ids, weights, out, s); /* warm-up */
+    for (int r = 0; r < reps; r++) {
+        const int64_t t0 = nm_time_ns();
+        nm_moe_forward_dense(pool, layers[r % n_layer], x, n_tokens, ids, weights, out, s);
+        times[r] = (double)(nm_time_ns() - t0) * 1e-6;
+    }
+    qsort(times, (size_t)reps, sizeof *times, cmp_ms);
+    *ms = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+out:
+    nm_free(x);
+    nm_free(out);
+    nm_free(weights);
+    nm_free(ids);
+    nm_free(times);
+    nm_moe_scratch_free(s);
+    return st;
 }

@@ -51,6 +51,17 @@ void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float
                           int32_t n_tokens, const int32_t *ids, const float *weights, float *out,
                           nm_moe_scratch *s);
 
+/* Times the host's MoE step of one layer as dense mode runs it (dispatch
+ * table, gathering rows, expert FFNs, scattering, combine) over n_tokens
+ * tokens of seeded random activations, each routed to k distinct experts
+ * drawn uniformly: once untimed, then reps times, going round the n_layer
+ * layers' weights so the caches hold what they hold in a prefill (other
+ * layers' weights in between). *ms: the median time of one layer; loads
+ * ([n_expert]): the rows each expert received. */
+nm_status nm_moe_time_host_layer(nm_pool *pool, const nm_expert_weights *const *layers,
+                                 int32_t n_layer, int64_t d_model, int64_t d_ff, int32_t n_tokens,
+                                 int32_t k, int reps, double *ms, int32_t *loads, nm_error *err);
+
 /* ---- static execution (static.c) ---- */
 
 /* A group of experts of one layer that share a tier and one graph. */

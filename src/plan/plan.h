@@ -103,9 +103,10 @@ nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *nam
 /* ---- device profile (profile_io.c; nm_profile is declared in device.h) ---- */
 
 /* Checks what the planner relies on: a device name, d_model and d_ff >= 1, a
- * known weight type, finite times (dispatch_ms and host_expert_ms >= 0, as
- * a fit may give 0; host_row_ms and every graph_ms > 0; all <= 1e9 ms), at
- * least one point, points with n_experts >= 1 and capacity >= 1, no shape
+ * known weight type, a chunk in [1, NM_PLAN_MAX_CHUNK], finite times
+ * (dispatch_ms, host_expert_ms and host_overhead_ms >= 0, as a fit or a
+ * difference may give 0; host_row_ms and every graph_ms > 0; all <= 1e9
+ * ms), at least one point, points with n_experts >= 1 and capacity >= 1, no shape
  * twice, and the points forming a full grid (every measured expert count
  * with every measured capacity), which is what interpolation needs and what
  * nm_device_profile measures. */
@@ -113,8 +114,8 @@ nm_status nm_profile_check(const nm_profile *profile, nm_error *err);
 
 /* The file: {"format": "npumoe-profile", "version": 1, "device", "d_model",
  * "d_ff", "weight_type" (a ggml type name, "f32"), "dispatch_ms",
- * "host_row_ms", "host_expert_ms", "points": [{"n_experts", "capacity",
- * "graph_ms"}]}. Load applies nm_profile_check; release with
+ * "host_row_ms", "host_expert_ms", "chunk", "host_overhead_ms",
+ * "points": [{"n_experts", "capacity", "graph_ms"}]}. Load applies nm_profile_check; release with
  * nm_profile_free. */
 nm_status nm_profile_save(const nm_profile *profile, const char *path, nm_error *err);
 nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);

@@ -27,8 +27,11 @@
  * Cost. Per layer: device_ms, the sum of the device graphs' times (the
  * executor dispatches every device group each chunk); host_ms, the host
  * groups' expected cost and the device groups' expected spills, in CPU time
- * (the profile measures one host thread while all are busy); chunk_ms =
- * max of the two, as they overlap. */
+ * (the profile measures one host thread while all are busy), plus the
+ * host's per-chunk overhead of the MoE step (the profile's
+ * host_overhead_ms, scaled from its chunk length to the plan's: table,
+ * gather, scatter and combine grow with the tokens); chunk_ms = max of the
+ * two, as they overlap. */
 #include "plan-impl.h"
 
 #include "base/base.h"
@@ -373,8 +376,11 @@ static void compute_costs(planner *pl) {
             c->host_ms += gi->host_ms;
         }
     }
+    const double overhead_ms =
+        pl->profile->host_overhead_ms * (double)pl->calib->chunk / (double)pl->profile->chunk;
     for (int32_t l = 0; l < plan->moe.n_layer; l++) {
         nm_plan_cost *c = &plan->layer_cost[l];
+        c->host_ms += overhead_ms;
         c->chunk_ms = fmax(c->device_ms, c->host_ms);
         plan->predicted_chunk_ms += c->chunk_ms;
     }

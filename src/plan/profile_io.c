@@ -39,8 +39,12 @@ nm_status nm_profile_check(const nm_profile *p, nm_error *err) {
         return nm_errorf(err, NM_ERR_FORMAT, "weight type %u is unknown", p->weight_type);
     if ((st = check_time("dispatch_ms", p->dispatch_ms, true, err)) ||
         (st = check_time("host_row_ms", p->host_row_ms, false, err)) ||
-        (st = check_time("host_expert_ms", p->host_expert_ms, true, err)))
+        (st = check_time("host_expert_ms", p->host_expert_ms, true, err)) ||
+        (st = check_time("host_overhead_ms", p->host_overhead_ms, true, err)))
         return st;
+    if (p->chunk < 1 || p->chunk > NM_PLAN_MAX_CHUNK)
+        return nm_errorf(err, NM_ERR_FORMAT, "chunk %d is not in [1, %d]", p->chunk,
+                         NM_PLAN_MAX_CHUNK);
     if (p->n_points < 1 || !p->points)
         return nm_errorf(err, NM_ERR_FORMAT, "the profile has no points");
     for (int32_t i = 0; i < p->n_points; i++) {
@@ -111,6 +115,10 @@ nm_status nm_profile_save_memory(const nm_profile *p, char **text, size_t *n_byt
     nm_json_write_num(w, p->host_row_ms);
     nm_json_key(w, "host_expert_ms");
     nm_json_write_num(w, p->host_expert_ms);
+    nm_json_key(w, "chunk");
+    nm_json_write_int(w, p->chunk);
+    nm_json_key(w, "host_overhead_ms");
+    nm_json_write_num(w, p->host_overhead_ms);
     nm_json_key(w, "points");
     nm_json_begin_array(w);
     for (int32_t i = 0; i < p->n_points; i++) {
@@ -159,7 +167,7 @@ static nm_status read_profile(const nm_json *root, void *ctx, nm_error *err) {
     if (st != NM_OK) return st;
     const char *device;
     const nm_json *points;
-    int64_t d_model, d_ff;
+    int64_t d_model, d_ff, chunk;
     if ((st = nm_json_get_str(root, "device", &device, NULL, err))) return st;
     if (device[0] == '\0' || strlen(device) >= sizeof p->device)
         return nm_errorf(err, NM_ERR_FORMAT, "device: expected a name of 1 to %zu bytes",
@@ -171,10 +179,14 @@ static nm_status read_profile(const nm_json *root, void *ctx, nm_error *err) {
         (st = nm_json_get_num(root, "dispatch_ms", 0, max_ms, &p->dispatch_ms, NULL, err)) ||
         (st = nm_json_get_num(root, "host_row_ms", 0, max_ms, &p->host_row_ms, NULL, err)) ||
         (st = nm_json_get_num(root, "host_expert_ms", 0, max_ms, &p->host_expert_ms, NULL, err)) ||
+        (st = nm_json_get_int(root, "chunk", 1, NM_PLAN_MAX_CHUNK, &chunk, NULL, err)) ||
+        (st = nm_json_get_num(root, "host_overhead_ms", 0, max_ms, &p->host_overhead_ms, NULL,
+                              err)) ||
         (st = nm_json_get_arr(root, "points", &points, NULL, err)))
         return st;
     p->d_model = d_model;
     p->d_ff = d_ff;
+    p->chunk = (int32_t)chunk;
     const size_t n = nm_json_len(points);
     if (n < 1 || n > INT32_MAX) return nm_errorf(err, NM_ERR_FORMAT, "points: expected 1 or more");
     p->points = nm_calloc(n, sizeof *p->points);

@@ -68,6 +68,8 @@ int main(int argc, char **argv) {
                        .dispatch_ms = 0.015,
                        .host_row_ms = 0.004,
                        .host_expert_ms = 0.002,
+                       .chunk = 16,
+                       .host_overhead_ms = 0.02,
                        .n_points = 6,
                        .points = pts};
     snprintf(prof.device, sizeof prof.device, "cpu");

@@ -72,6 +72,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                                  .dispatch_ms = 0.02,
                                  .host_row_ms = 0.002,
                                  .host_expert_ms = 0.01,
+                                 .chunk = 16,
+                                 .host_overhead_ms = 0.03,
                                  .n_points = 4,
                                  .points = fixed_points};
     snprintf(fixed_profile.device, sizeof fixed_profile.device, "fixed");
@@ -196,7 +198,8 @@ static void fuzz_profile(const uint8_t *data, size_t size) {
     require(strcmp(back.device, p.device) == 0 && back.d_model == p.d_model &&
                 back.d_ff == p.d_ff && back.weight_type == p.weight_type &&
                 back.dispatch_ms == p.dispatch_ms && back.host_row_ms == p.host_row_ms &&
-                back.host_expert_ms == p.host_expert_ms && back.n_points == p.n_points &&
+                back.host_expert_ms == p.host_expert_ms && back.chunk == p.chunk &&
+                back.host_overhead_ms == p.host_overhead_ms && back.n_points == p.n_points &&
                 memcmp(back.points, p.points, (size_t)p.n_points * sizeof *p.points) == 0,
             "profile round trip");
     nm_profile_free(&back);

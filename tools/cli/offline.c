@@ -168,13 +168,19 @@ int cmd_profile(nm_model *model, const cli_options *o) {
         st = nm_device_profile(dev, &model->layers[0].experts, hp->n_embd, hp->n_ff_exp, experts,
                                n_e, caps, n_c, o->reps ? o->reps : 5, pool, profile_progress, NULL,
                                &prof, &err);
+    if (st == NM_OK) {
+        fprintf(stderr, "profile: the host MoE step over a chunk of %d tokens\n", chunk);
+        st = nm_model_profile_overhead(model, pool, chunk, o->reps ? o->reps : 5, &prof, &err);
+    }
     if (st == NM_OK) st = nm_profile_save(&prof, o->output, &err);
     int rc = 0;
     if (st != NM_OK) {
         rc = fail_err(&err);
     } else {
-        printf("device %s: dispatch+sync %.4f ms; host %.4f ms per expert + %.5f ms per row\n",
-               prof.device, prof.dispatch_ms, prof.host_expert_ms, prof.host_row_ms);
+        printf("device %s: dispatch+sync %.4f ms; host %.4f ms per expert + %.5f ms per row "
+               "+ %.4f ms per layer and chunk of %d\n",
+               prof.device, prof.dispatch_ms, prof.host_expert_ms, prof.host_row_ms,
+               prof.host_overhead_ms, prof.chunk);
         printf("graph time (ms), experts per graph x rows per expert:\n%10s", "");
         for (int c = 0; c < n_c; c++)
             printf(" %9d", caps[c]);

@@ -60,7 +60,7 @@ static const option_def option_table[] = {
     {"repeat-last-n", 0, KIND_I32, F(repeat_last_n), 0, 1 << 20, CMD_RUN, "N",
      "window of the repeat penalty (default 64)"},
     {"seed", 0, KIND_U64, F(seed), 0, 0, CMD_RUN, "S", "random seed (default 0)"},
-    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL, "N",
+    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL | CMD_PROFILE, "N",
      "compute threads (default: online CPUs)"},
     {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL, "N",
      "context size in tokens (default: trained context, at most 4096); for perplexity "
