@@ -1,6 +1,9 @@
 /* Counters and helpers behind harness.h. */
 #include "harness.h"
 
+#include "engine/engine.h"
+
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,4 +188,120 @@ long nm_test_parse_json_string(const char **p, char *out) {
     }
     *p = s + 1;
     return (long)n;
+}
+
+double nm_test_row_rel_err(const float *got, const float *want, int n) {
+    double max_d = 0, max_w = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > max_d || isnan(d)) max_d = isnan(d) ? INFINITY : d;
+        if (fabs(want[i]) > max_w) max_w = fabs(want[i]);
+    }
+    return max_d / max_w;
+}
+
+double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int n, int n_vocab) {
+    enum { MAX_POSITIONS = 1024 };
+    char path[1024];
+    int32_t pos[MAX_POSITIONS];
+    snprintf(path, sizeof path, "%s/positions.txt", dir);
+    int n_pos = nm_test_read_ints(path, p, pos, MAX_POSITIONS);
+    snprintf(path, sizeof path, "%s/logits_%d.f32", dir, p);
+    size_t n_bytes;
+    float *gold = (float *)nm_test_read_file(path, &n_bytes);
+    CHECK(gold != NULL && n_pos > 0);
+    if (!gold || n_pos <= 0) {
+        free(gold);
+        return INFINITY;
+    }
+    CHECK_INT_EQ(n_bytes, (size_t)n_pos * n_vocab * sizeof(float));
+    double worst = 0;
+    for (int r = 0; r < n_pos && pos[r] < n && n_bytes >= (size_t)(r + 1) * n_vocab * sizeof(float);
+         r++) {
+        double e = nm_test_row_rel_err(all_logits + (size_t)pos[r] * n_vocab,
+                                       gold + (size_t)r * n_vocab, n_vocab);
+        if (e > worst) worst = e;
+    }
+    free(gold);
+    return worst;
+}
+
+nm_session *nm_test_new_session(nm_model *m, int n_batch, int n_threads) {
+    nm_session_params sp = nm_session_default_params();
+    sp.n_ctx = 512;
+    sp.n_batch = n_batch;
+    sp.n_threads = n_threads;
+    nm_session *s = NULL;
+    nm_error err = {0};
+    nm_status st = nm_session_new(m, &sp, &s, &err);
+    if (st != NM_OK) fprintf(stderr, "session: %s\n", err.msg);
+    CHECK_INT_EQ(st, NM_OK);
+    return s;
+}
+
+double nm_test_rows_rel_err(const float *got, const float *want, size_t rows, int n) {
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const double e = nm_test_row_rel_err(got + r * (size_t)n, want + r * (size_t)n, n);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+void nm_test_parity_plan(nm_test_plan *tp, int32_t chunk, int32_t n_layer, int32_t n_expert,
+                         int32_t capacity, bool host_odd, nm_overflow overflow,
+                         nm_salience salience) {
+    CHECK(n_layer <= NM_TEST_MAX_LAYER && n_expert <= NM_TEST_MAX_EXPERT && n_expert % 2 == 0);
+    memset(tp, 0, sizeof *tp);
+    nm_moe_plan *p = &tp->plan.moe;
+    p->chunk = chunk;
+    p->n_layer = n_layer;
+    p->n_expert = n_expert;
+    p->overflow = overflow;
+    p->salience = salience;
+    p->layers = tp->layers;
+    for (int l = 0; l < n_layer && l < NM_TEST_MAX_LAYER; l++) {
+        tp->layers[l].n_groups = 2;
+        tp->layers[l].groups = tp->groups[l];
+        for (int g = 0; g < 2; g++) {
+            for (int i = 0; i < n_expert / 2 && i < NM_TEST_MAX_EXPERT / 2; i++)
+                tp->experts[l][g][i] = 2 * i + g;
+            tp->groups[l][g] = (nm_moe_group){.capacity = capacity,
+                                              .n_experts = n_expert / 2,
+                                              .experts = tp->experts[l][g],
+                                              .on_device = !(host_odd && g == 1)};
+        }
+    }
+}
+
+nm_session *nm_test_mode_session(nm_model *m, int n_batch, nm_mode mode, const nm_plan *plan,
+                                 nm_device *dev) {
+    nm_session_params sp = nm_session_default_params();
+    sp.n_ctx = 512;
+    sp.n_batch = n_batch;
+    sp.n_threads = 2;
+    sp.mode = mode;
+    sp.plan = plan;
+    sp.device = dev;
+    nm_session *s = NULL;
+    nm_error err = {0};
+    nm_status st = nm_session_new(m, &sp, &s, &err);
+    if (st != NM_OK) fprintf(stderr, "session (%s): %s\n", nm_mode_name(mode), err.msg);
+    CHECK_INT_EQ(st, NM_OK);
+    return s;
+}
+
+void nm_test_run_greedy(nm_session *s, const int32_t *ids, int n, int n_decode, float *out,
+                        int n_vocab, nm_load_fn load_fn, void *ctx) {
+    nm_error err = {0};
+    if (load_fn) nm_session_set_load_fn(s, load_fn, ctx);
+    CHECK_INT_EQ(nm_session_eval(s, ids, n, out, true, &err), NM_OK);
+    if (load_fn) nm_session_set_load_fn(s, NULL, NULL);
+    const float *last = out + (size_t)(n - 1) * n_vocab;
+    for (int i = 0; i < n_decode; i++) {
+        int32_t next = nm_argmax(last, n_vocab);
+        float *row = out + (size_t)(n + i) * n_vocab;
+        CHECK_INT_EQ(nm_session_eval(s, &next, 1, row, false, &err), NM_OK);
+        last = row;
+    }
 }

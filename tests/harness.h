@@ -3,6 +3,10 @@
 #ifndef NM_TEST_HARNESS_H
 #define NM_TEST_HARNESS_H
 
+#include "npumoe.h"
+#include "plan/plan.h"
+
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,5 +63,52 @@ void nm_test_print_ids(const char *label, const int32_t *ids, size_t n);
  * *-tokenize.tsv) into out, which has room for as many bytes as the literal;
  * advances *p past it and returns its length, or -1 if malformed. */
 long nm_test_parse_json_string(const char **p, char *out);
+
+/* Golden logits (vectors/<model>/): max|got - want| / max|want| of one row
+ * of n values, NaN counting as infinite. */
+double nm_test_row_rel_err(const float *got, const float *want, int n);
+
+/* The largest nm_test_row_rel_err of all_logits ([n][n_vocab], every
+ * position of prompt p) over the positions < n stored for prompt p in the
+ * model folder dir (positions.txt, logits_<p>.f32); INFINITY, with a failed
+ * check, when they cannot be read. */
+double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int n, int n_vocab);
+
+/* A session of 512 positions on m with n_batch and n_threads; NULL (and a
+ * failed check) if it cannot be made. */
+nm_session *nm_test_new_session(nm_model *m, int n_batch, int n_threads);
+
+/* Rows of logits: the largest nm_test_row_rel_err of rows rows of n values. */
+double nm_test_rows_rel_err(const float *got, const float *want, size_t rows, int n);
+
+/* ---- the static modes (test_static, test_static_arch) ---- */
+
+enum { NM_TEST_MAX_LAYER = 4, NM_TEST_MAX_EXPERT = 16 };
+
+/* A plan of chunks of `chunk` tokens whose layers have two groups, the even
+ * and the odd experts, of `capacity` rows each; the odd group on the host
+ * when host_odd. */
+typedef struct nm_test_plan {
+    nm_plan plan;
+    nm_moe_layer_plan layers[NM_TEST_MAX_LAYER];
+    nm_moe_group groups[NM_TEST_MAX_LAYER][2];
+    int32_t experts[NM_TEST_MAX_LAYER][2][NM_TEST_MAX_EXPERT / 2];
+} nm_test_plan;
+
+void nm_test_parity_plan(nm_test_plan *tp, int32_t chunk, int32_t n_layer, int32_t n_expert,
+                         int32_t capacity, bool host_odd, nm_overflow overflow,
+                         nm_salience salience);
+
+/* A session of 512 positions, 2 threads and batches of n_batch tokens in
+ * mode (plan and dev for the static modes); NULL and a failed check if it
+ * cannot be made. */
+nm_session *nm_test_mode_session(nm_model *m, int n_batch, nm_mode mode, const nm_plan *plan,
+                                 nm_device *dev);
+
+/* Evaluates the n ids with all logits into out ([n + n_decode][n_vocab]),
+ * reporting the prefill's loads to load_fn(ctx) when load_fn is not NULL,
+ * then n_decode greedy steps, one token each, whose logits follow. */
+void nm_test_run_greedy(nm_session *s, const int32_t *ids, int n, int n_decode, float *out,
+                        int n_vocab, nm_load_fn load_fn, void *ctx);
 
 #endif

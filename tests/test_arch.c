@@ -20,6 +20,7 @@
  *                               ones; llama.cpp itself varies by 5e-4). */
 #include "harness.h"
 
+#include "engine/engine.h"
 #include "model/model.h"
 #include "npumoe.h"
 
@@ -56,57 +57,6 @@ static int read_floats(const char *path, int line_no, float *out, int cap) {
     }
     free(text);
     return n;
-}
-
-static double row_rel_err(const float *got, const float *want, int n) {
-    double max_d = 0, max_w = 0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > max_d || isnan(d)) max_d = isnan(d) ? INFINITY : d;
-        if (fabs(want[i]) > max_w) max_w = fabs(want[i]);
-    }
-    return max_d / max_w;
-}
-
-static double compare_prompt(const char *dir, int p, const float *all_logits, int n, int n_vocab) {
-    char path[1024];
-    int32_t pos[MAX_IDS];
-    snprintf(path, sizeof path, "%s/positions.txt", dir);
-    int n_pos = nm_test_read_ints(path, p, pos, MAX_IDS);
-    snprintf(path, sizeof path, "%s/logits_%d.f32", dir, p);
-    size_t n_bytes;
-    float *gold = (float *)nm_test_read_file(path, &n_bytes);
-    CHECK(gold != NULL && n_pos > 0);
-    if (!gold || n_pos <= 0) return INFINITY;
-    CHECK_INT_EQ(n_bytes, (size_t)n_pos * n_vocab * sizeof(float));
-    double worst = 0;
-    for (int r = 0; r < n_pos && pos[r] < n; r++) {
-        double e =
-            row_rel_err(all_logits + (size_t)pos[r] * n_vocab, gold + (size_t)r * n_vocab, n_vocab);
-        if (e > worst) worst = e;
-    }
-    free(gold);
-    return worst;
-}
-
-static nm_session *new_session(nm_model *m, int n_batch, int n_threads) {
-    nm_session_params sp = nm_session_default_params();
-    sp.n_ctx = 512;
-    sp.n_batch = n_batch;
-    sp.n_threads = n_threads;
-    nm_session *s = NULL;
-    nm_error err = {0};
-    nm_status st = nm_session_new(m, &sp, &s, &err);
-    if (st != NM_OK) fprintf(stderr, "session: %s\n", err.msg);
-    CHECK_INT_EQ(st, NM_OK);
-    return s;
-}
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
 }
 
 /* The routing of a one-shot prefill, recorded by wrapping the model's
@@ -180,7 +130,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
         if (n <= 0) continue;
         const int configs[2][2] = {{512, 1}, {16, 2}};
         for (int c = 0; c < 2; c++) {
-            nm_session *s = new_session(m, configs[c][0], configs[c][1]);
+            nm_session *s = nm_test_new_session(m, configs[c][0], configs[c][1]);
             if (!s) continue;
             if (c == 0) {
                 rec.inner = m->route;
@@ -191,7 +141,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
             st = nm_session_eval(s, ids, n, logits, true, &err);
             if (c == 0) m->route = rec.inner;
             CHECK_INT_EQ(st, NM_OK);
-            double e = compare_prompt(dir, p, logits, n, nv);
+            double e = nm_test_golden_worst(dir, p, logits, n, nv);
             printf("%s prompt %d (%d tokens) batch %d threads %d: max rel %.3g\n", name, p, n,
                    configs[c][0], configs[c][1], e);
             CHECK(e < tol);
@@ -206,14 +156,14 @@ static void run_model(const char *name, nm_compat compat, double tol) {
             }
             nm_session_free(s);
         }
-        nm_session *s = new_session(m, 512, 2);
+        nm_session *s = nm_test_new_session(m, 512, 2);
         if (!s) continue;
         const int half = n / 2;
         if (half > 0) CHECK_INT_EQ(nm_session_eval(s, ids, half, split, true, &err), NM_OK);
         for (int t = half; t < n; t++)
             CHECK_INT_EQ(nm_session_eval(s, ids + t, 1, split + (size_t)t * nv, false, &err),
                          NM_OK);
-        double e = compare_prompt(dir, p, split, n, nv);
+        double e = nm_test_golden_worst(dir, p, split, n, nv);
         printf("%s prompt %d split %d + %d x 1: max rel %.3g\n", name, p, half, n - half, e);
         CHECK(e < tol);
 
@@ -223,7 +173,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
         CHECK_INT_EQ(nm_test_read_ints(path, p, want, N_GREEDY), N_GREEDY);
         snprintf(path, sizeof path, "%s/greedy_margin.txt", dir);
         CHECK_INT_EQ(read_floats(path, p, margin, N_GREEDY), N_GREEDY);
-        int32_t next = argmax(split + (size_t)(n - 1) * nv, nv);
+        int32_t next = nm_argmax(split + (size_t)(n - 1) * nv, nv);
         int same = 0, judged = N_GREEDY;
         for (int g = 0; g < N_GREEDY; g++) {
             if (margin[g] < 1e-3f) { /* a near-tie: either token is right */
@@ -237,7 +187,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
             }
             if (g + 1 < N_GREEDY) {
                 CHECK_INT_EQ(nm_session_eval(s, &next, 1, logits, false, &err), NM_OK);
-                next = argmax(logits, nv);
+                next = nm_argmax(logits, nv);
             }
         }
         printf("%s prompt %d greedy: %d of %d judged tokens agree\n", name, p, same, judged);
@@ -279,7 +229,7 @@ static void phimoe_semantics_distance(void) {
         int n = nm_test_read_ints(path, p, ids, MAX_IDS);
         if (n <= 0) continue;
         for (int c = 0; c < 2; c++) {
-            nm_session *s = new_session(m[c], 512, 2);
+            nm_session *s = nm_test_new_session(m[c], 512, 2);
             if (s) CHECK_INT_EQ(nm_session_eval(s, ids, n, lg[c], true, &err), NM_OK);
             nm_session_free(s);
         }
@@ -302,7 +252,7 @@ static void phimoe_semantics_distance(void) {
             }
             kl_sum += kl;
             if (kl > kl_max) kl_max = kl;
-            agree += argmax(a, nv) == argmax(b, nv);
+            agree += nm_argmax(a, nv) == nm_argmax(b, nv);
             rows++;
         }
     }

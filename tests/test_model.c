@@ -5,6 +5,7 @@
  * vectors README: llama.cpp's own variations stay near 3e-7). */
 #include "harness.h"
 
+#include "engine/engine.h"
 #include "kernels/kernels.h"
 #include "npumoe.h"
 
@@ -14,57 +15,6 @@
 
 #define VEC NM_VECTORS_DIR "/tiny-qwen3moe/"
 enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24 };
-
-static double row_rel_err(const float *got, const float *want, int n) {
-    double max_d = 0, max_w = 0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > max_d || isnan(d)) max_d = isnan(d) ? INFINITY : d;
-        if (fabs(want[i]) > max_w) max_w = fabs(want[i]);
-    }
-    return max_d / max_w;
-}
-
-/* Compares every stored position of prompt p with all_logits [n][n_vocab]. */
-static double compare_prompt(int p, const float *all_logits, int n, int n_vocab) {
-    char path[512];
-    int32_t pos[MAX_IDS];
-    int n_pos = nm_test_read_ints(VEC "positions.txt", p, pos, MAX_IDS);
-    snprintf(path, sizeof path, VEC "logits_%d.f32", p);
-    size_t n_bytes;
-    float *gold = (float *)nm_test_read_file(path, &n_bytes);
-    CHECK(gold != NULL && n_pos > 0);
-    if (!gold || n_pos <= 0) return INFINITY;
-    CHECK_INT_EQ(n_bytes, (size_t)n_pos * n_vocab * sizeof(float));
-    double worst = 0;
-    for (int r = 0; r < n_pos && pos[r] < n; r++) {
-        double e =
-            row_rel_err(all_logits + (size_t)pos[r] * n_vocab, gold + (size_t)r * n_vocab, n_vocab);
-        if (e > worst) worst = e;
-    }
-    free(gold);
-    return worst;
-}
-
-static nm_session *new_session(nm_model *m, int n_batch, int n_threads) {
-    nm_session_params sp = nm_session_default_params();
-    sp.n_ctx = 512;
-    sp.n_batch = n_batch;
-    sp.n_threads = n_threads;
-    nm_session *s = NULL;
-    nm_error err = {0};
-    nm_status st = nm_session_new(m, &sp, &s, &err);
-    if (st != NM_OK) fprintf(stderr, "session: %s\n", err.msg);
-    CHECK_INT_EQ(st, NM_OK);
-    return s;
-}
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 int main(void) {
     const char *bad_env = NULL;
@@ -95,32 +45,32 @@ int main(void) {
         /* one-shot, then batches of 16 on 2 threads */
         const int configs[2][2] = {{512, 1}, {16, 2}};
         for (int c = 0; c < 2; c++) {
-            nm_session *s = new_session(m, configs[c][0], configs[c][1]);
+            nm_session *s = nm_test_new_session(m, configs[c][0], configs[c][1]);
             if (!s) continue;
             st = nm_session_eval(s, ids, n, logits, true, &err);
             CHECK_INT_EQ(st, NM_OK);
-            double e = compare_prompt(p, logits, n, nv);
+            double e = nm_test_golden_worst(VEC, p, logits, n, nv);
             printf("prompt %d (%d tokens) batch %d threads %d: max rel %.3g\n", p, n, configs[c][0],
                    configs[c][1], e);
             CHECK(e < 1e-5);
             nm_session_free(s);
         }
         /* split: first half as one prefill, then one token per step */
-        nm_session *s = new_session(m, 512, 2);
+        nm_session *s = nm_test_new_session(m, 512, 2);
         if (!s) continue;
         const int half = n / 2;
         if (half > 0) CHECK_INT_EQ(nm_session_eval(s, ids, half, split, true, &err), NM_OK);
         for (int t = half; t < n; t++)
             CHECK_INT_EQ(nm_session_eval(s, ids + t, 1, split + (size_t)t * nv, false, &err),
                          NM_OK);
-        double e = compare_prompt(p, split, n, nv);
+        double e = nm_test_golden_worst(VEC, p, split, n, nv);
         printf("prompt %d split %d + %d x 1: max rel %.3g\n", p, half, n - half, e);
         CHECK(e < 1e-5);
 
         /* greedy: the argmax of the last row, then one token at a time */
         int32_t want[N_GREEDY];
         CHECK_INT_EQ(nm_test_read_ints(VEC "greedy.txt", p, want, N_GREEDY), N_GREEDY);
-        int32_t next = argmax(split + (size_t)(n - 1) * nv, nv);
+        int32_t next = nm_argmax(split + (size_t)(n - 1) * nv, nv);
         int same = 0;
         for (int g = 0; g < N_GREEDY; g++) {
             same += next == want[g];
@@ -128,7 +78,7 @@ int main(void) {
                 fprintf(stderr, "prompt %d greedy %d: %d != %d\n", p, g, next, want[g]);
             if (g + 1 < N_GREEDY) {
                 CHECK_INT_EQ(nm_session_eval(s, &next, 1, logits, false, &err), NM_OK);
-                next = argmax(logits, nv);
+                next = nm_argmax(logits, nv);
             }
         }
         CHECK_INT_EQ(same, N_GREEDY);

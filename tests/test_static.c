@@ -17,39 +17,6 @@
 #define VEC NM_VECTORS_DIR "/tiny-qwen3moe/"
 enum { T = 16, MAX_IDS = 512, N_EXPERT = 8, N_LAYER = 3 };
 
-/* A plan whose groups split the experts by parity; odd groups on the host
- * when host_odd. capacity applies to every group. */
-typedef struct test_plan {
-    nm_plan plan;
-    nm_moe_layer_plan layers[N_LAYER];
-    nm_moe_group groups[N_LAYER][2];
-    int32_t experts[N_LAYER][2][N_EXPERT / 2];
-} test_plan;
-
-static void make_plan(test_plan *tp, int32_t capacity, bool host_odd, nm_overflow overflow,
-                      nm_salience salience) {
-    memset(tp, 0, sizeof *tp);
-    nm_moe_plan *p = &tp->plan.moe;
-    p->chunk = T;
-    p->n_layer = N_LAYER;
-    p->n_expert = N_EXPERT;
-    p->overflow = overflow;
-    p->salience = salience;
-    p->layers = tp->layers;
-    for (int l = 0; l < N_LAYER; l++) {
-        tp->layers[l].n_groups = 2;
-        tp->layers[l].groups = tp->groups[l];
-        for (int g = 0; g < 2; g++) {
-            for (int i = 0; i < N_EXPERT / 2; i++)
-                tp->experts[l][g][i] = 2 * i + g;
-            tp->groups[l][g] = (nm_moe_group){.capacity = capacity,
-                                              .n_experts = N_EXPERT / 2,
-                                              .experts = tp->experts[l][g],
-                                              .on_device = !(host_odd && g == 1)};
-        }
-    }
-}
-
 /* Per-chunk loads seen by a session, for brute-force recounts. */
 typedef struct load_log {
     int64_t n;
@@ -62,56 +29,6 @@ static void log_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t n_
     if (log->n >= 4096) return;
     memcpy(log->loads[log->n], loads, (size_t)n_expert * sizeof(int32_t));
     log->layer[log->n++] = layer;
-}
-
-static double max_rel(const float *a, const float *b, size_t rows, int n_vocab) {
-    double worst = 0;
-    for (size_t r = 0; r < rows; r++) {
-        double max_d = 0, max_b = 0;
-        for (int i = 0; i < n_vocab; i++) {
-            double d = fabs((double)a[r * n_vocab + i] - b[r * n_vocab + i]);
-            if (!(d <= max_d)) max_d = isnan(d) ? INFINITY : d;
-            if (fabs(b[r * n_vocab + i]) > max_b) max_b = fabs(b[r * n_vocab + i]);
-        }
-        if (max_d / max_b > worst) worst = max_d / max_b;
-    }
-    return worst;
-}
-
-static nm_session *open_session(nm_model *m, nm_mode mode, const nm_plan *plan, nm_device *dev) {
-    nm_session_params sp = nm_session_default_params();
-    sp.n_ctx = 512;
-    sp.n_batch = T;
-    sp.n_threads = 2;
-    sp.mode = mode;
-    sp.plan = plan;
-    sp.device = dev;
-    nm_session *s = NULL;
-    nm_error err = {0};
-    nm_status st = nm_session_new(m, &sp, &s, &err);
-    if (st != NM_OK) fprintf(stderr, "session (%s): %s\n", nm_mode_name(mode), err.msg);
-    CHECK_INT_EQ(st, NM_OK);
-    return s;
-}
-
-/* Runs ids through a session: all logits, then n_decode greedy steps whose
- * logits follow in out. Returns the load log of the run. */
-static void run(nm_session *s, const int32_t *ids, int n, int n_decode, float *out, int n_vocab,
-                load_log *log) {
-    nm_error err = {0};
-    if (log) {
-        log->n = 0;
-        nm_session_set_load_fn(s, log_loads, log);
-    }
-    CHECK_INT_EQ(nm_session_eval(s, ids, n, out, true, &err), NM_OK);
-    if (log) nm_session_set_load_fn(s, NULL, NULL);
-    const float *last = out + (size_t)(n - 1) * n_vocab;
-    for (int i = 0; i < n_decode; i++) {
-        int32_t next = nm_argmax(last, n_vocab);
-        float *row = out + (size_t)(n + i) * n_vocab;
-        CHECK_INT_EQ(nm_session_eval(s, &next, 1, row, false, &err), NM_OK);
-        last = row;
-    }
 }
 
 /* Executor level: 6 tokens all routed to experts 0 and 1, capacity 2, drop:
@@ -143,8 +60,8 @@ static void test_lowest_salience_dropped(nm_model *m, nm_device *dev) {
 
     const nm_salience policies[3] = {NM_SALIENCE_ROUTER, NM_SALIENCE_RESIDUAL, NM_SALIENCE_INPUT};
     for (int pi = 0; pi < 3; pi++) {
-        static test_plan tp;
-        make_plan(&tp, CAP, false, NM_OVERFLOW_DROP, policies[pi]);
+        static nm_test_plan tp;
+        nm_test_parity_plan(&tp, T, N_LAYER, N_EXPERT, CAP, false, NM_OVERFLOW_DROP, policies[pi]);
         tp.plan.moe.chunk = N;
         const nm_expert_weights *layers[N_LAYER] = {w, &m->layers[1].experts,
                                                     &m->layers[2].experts};
@@ -223,19 +140,21 @@ int main(void) {
     static load_log log;
 
     /* the reference: dense mode, chunks of T, then decode */
-    nm_session *s = open_session(m, NM_MODE_DENSE, NULL, NULL);
-    run(s, ids, n, n_decode, dense, nv, &log);
+    nm_session *s = nm_test_mode_session(m, T, NM_MODE_DENSE, NULL, NULL);
+    log.n = 0;
+    nm_test_run_greedy(s, ids, n, n_decode, dense, nv, log_loads, &log);
     nm_session_free(s);
 
     /* capacities that hold every load: every mode equals dense */
-    static test_plan full, tiny_spill, tiny_drop;
-    make_plan(&full, T, true, NM_OVERFLOW_DROP, NM_SALIENCE_ROUTER);
+    static nm_test_plan full, tiny_spill, tiny_drop;
+    nm_test_parity_plan(&full, T, N_LAYER, N_EXPERT, T, true, NM_OVERFLOW_DROP, NM_SALIENCE_ROUTER);
     const nm_mode modes[4] = {NM_MODE_NAIVE, NM_MODE_TIERS, NM_MODE_GROUPED, NM_MODE_NPUMOE};
     for (int i = 0; i < 4; i++) {
-        s = open_session(m, modes[i], &full.plan, dev);
+        s = nm_test_mode_session(m, T, modes[i], &full.plan, dev);
         if (!s) continue;
-        run(s, ids, n, n_decode, got, nv, &log);
-        double e = max_rel(got, dense, (size_t)rows, nv);
+        log.n = 0;
+        nm_test_run_greedy(s, ids, n, n_decode, got, nv, log_loads, &log);
+        double e = nm_test_rows_rel_err(got, dense, (size_t)rows, nv);
         printf("%-8s full capacity: max rel vs dense %.3g (prefill + %d decode steps)\n",
                nm_mode_name(modes[i]), e, n_decode);
         CHECK(e < 1e-5);
@@ -260,11 +179,13 @@ int main(void) {
     }
 
     /* capacity 1 with spill: still exactly dense */
-    make_plan(&tiny_spill, 1, false, NM_OVERFLOW_SPILL, NM_SALIENCE_ROUTER);
-    s = open_session(m, NM_MODE_GROUPED, &tiny_spill.plan, dev);
+    nm_test_parity_plan(&tiny_spill, T, N_LAYER, N_EXPERT, 1, false, NM_OVERFLOW_SPILL,
+                        NM_SALIENCE_ROUTER);
+    s = nm_test_mode_session(m, T, NM_MODE_GROUPED, &tiny_spill.plan, dev);
     if (s) {
-        run(s, ids, n, n_decode, got, nv, &log);
-        double e = max_rel(got, dense, (size_t)rows, nv);
+        log.n = 0;
+        nm_test_run_greedy(s, ids, n, n_decode, got, nv, log_loads, &log);
+        double e = nm_test_rows_rel_err(got, dense, (size_t)rows, nv);
         nm_session_metrics mt;
         nm_session_get_metrics(s, &mt);
         printf("grouped capacity 1 spill: max rel vs dense %.3g, %llu of %llu spilled\n", e,
@@ -282,10 +203,12 @@ int main(void) {
     /* capacity 3 with drop: the recount from the routed loads */
     const nm_salience saliences[3] = {NM_SALIENCE_ROUTER, NM_SALIENCE_RESIDUAL, NM_SALIENCE_INPUT};
     for (int si = 0; si < 3; si++) {
-        make_plan(&tiny_drop, 3, false, NM_OVERFLOW_DROP, saliences[si]);
-        s = open_session(m, NM_MODE_GROUPED, &tiny_drop.plan, dev);
+        nm_test_parity_plan(&tiny_drop, T, N_LAYER, N_EXPERT, 3, false, NM_OVERFLOW_DROP,
+                            saliences[si]);
+        s = nm_test_mode_session(m, T, NM_MODE_GROUPED, &tiny_drop.plan, dev);
         if (!s) continue;
-        run(s, ids, n, 0, got, nv, &log);
+        log.n = 0;
+        nm_test_run_greedy(s, ids, n, 0, got, nv, log_loads, &log);
         nm_session_metrics mt;
         nm_session_get_metrics(s, &mt);
         uint64_t over = 0;
@@ -294,7 +217,7 @@ int main(void) {
                 over += log.loads[c][e2] > 3 ? log.loads[c][e2] - 3 : 0;
         printf("grouped capacity 3 drop (%s): %llu dropped, recount %llu, max rel vs dense %.3g\n",
                nm_salience_name(saliences[si]), (unsigned long long)mt.total.dropped,
-               (unsigned long long)over, max_rel(got, dense, (size_t)n, nv));
+               (unsigned long long)over, nm_test_rows_rel_err(got, dense, (size_t)n, nv));
         CHECK(over > 0);
         CHECK_INT_EQ(mt.total.dropped, over);
         CHECK_INT_EQ(mt.total.device_rows + mt.total.dropped, mt.total.assignments);
