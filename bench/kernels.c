@@ -1,9 +1,11 @@
 /* nm_bench_kernels: every matmul variant this CPU runs, validated against
  * the reference on the timed shapes (tolerance as tests/test_kernels_variants.c),
- * then timed on one thread: a prefill GEMM of expert shape and a decode GEMV
- * whose weights do not fit in the caches. Reports GFLOP/s and weight GB/s
+ * then timed on one thread: prefill GEMMs of expert shape (64 and 512 rows)
+ * and decode GEMVs whose weights do not fit in the caches (one large matrix,
+ * and 128 distinct expert-sized ones one after another). Reports GFLOP/s and weight GB/s
  * against this machine's measured peaks.
- * Usage: nm_bench_kernels [REPS [TYPE [VARIANT]]] (TYPE, VARIANT: only those). */
+ * Usage: nm_bench_kernels [REPS [TYPE [VARIANT [MxNxK]]]] (TYPE, VARIANT:
+ * only those, "all" for every one; MxNxK: that one shape instead). */
 #include "kernels/kernels-impl.h"
 #include "peaks.h"
 #include "tensor/tensor.h"
@@ -20,6 +22,14 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU time of the calling thread: on a shared machine, time the thread
+ * was not running does not count. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static uint64_t rng = 0x853c49e6748fea9bull;
 static float frand(void) {
     rng ^= rng << 13;
@@ -33,58 +43,109 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* An f16 scale of magnitude lo at p. */
+static void put_scale(uint8_t *p, float lo) {
+    uint16_t h = nm_f32_to_f16(lo * (1.5f + 0.5f * frand()));
+    memcpy(p, &h, 2);
+}
+
 static uint8_t *make_weights(uint32_t type, int64_t n, int64_t k, size_t *row_bytes) {
     nm_dtype_row_bytes(type, k, row_bytes);
     uint8_t *w = malloc((size_t)n * *row_bytes);
+    const nm_dtype_traits *tr = nm_dtype_traits_of(type);
     for (int64_t j = 0; j < n; j++) {
         uint8_t *row = w + (size_t)j * *row_bytes;
+        if (tr->block_size > 1) {
+            /* quantised: random codes, then scales of a sensible size */
+            for (size_t i = 0; i < *row_bytes; i++) {
+                frand();
+                row[i] = (uint8_t)(rng >> 40);
+            }
+            for (int64_t b = 0; b < k / tr->block_size; b++) {
+                uint8_t *blk = row + b * tr->block_bytes;
+                if (type == NM_DTYPE_Q6_K) {
+                    put_scale(blk + NM_Q6_K_BYTES - 2, 0.0005f);
+                } else {
+                    put_scale(blk, type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 0.01f : 0.001f);
+                    if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K) put_scale(blk + 2, 0.01f);
+                }
+            }
+            continue;
+        }
         for (int64_t q = 0; q < k; q++) {
             const float v = frand();
             if (type == NM_DTYPE_F32) {
                 memcpy(row + 4 * q, &v, 4);
-            } else if (type == NM_DTYPE_F16 || type == NM_DTYPE_BF16) {
+            } else {
                 uint16_t h = type == NM_DTYPE_F16 ? nm_f32_to_f16(v) : nm_f32_to_bf16(v);
                 memcpy(row + 2 * q, &h, 2);
-            } else if (q % 32 == 0) {
-                uint8_t *blk = row + q / 32 * 34;
-                uint16_t d = nm_f32_to_f16(0.01f);
-                memcpy(blk, &d, 2);
-                for (int i = 0; i < 32; i++)
-                    blk[2 + i] = (uint8_t)(int8_t)(int)(frand() * 127.0f);
             }
         }
     }
     return w;
 }
 
-/* Largest |y - y_ref| over the tolerance 2 K u sum|x w| (approximated with
- * sum|x| max|w| * 2 K u, looser, as the bench does not keep float weights). */
-static int validate(const nm_mat *w, const float *x, int64_t m, float *y, float *yr,
-                    double extra_rel) {
-    nm_matmul_ref_forward(w, x, w->k, m, yr, w->n, 0, w->n);
-    nm_matmul_forward(w, x, w->k, m, y, w->n, 0, w->n);
-    float *wf = malloc((size_t)w->k * sizeof(float));
-    int bad = 0;
-    for (int64_t j = 0; j < w->n; j++) {
+/* The tolerance terms of y[m][n] = x w^T, computed once per shape: mag =
+ * sum |x w| (a float sum of K terms errs by K u mag, two of them 2 K u mag);
+ * for variants that quantise activations to int8 blocks of 32 (scale d =
+ * max|x| / 127), step = sum |w| d (1/2 + 2^-14) + (n_blocks + 2) u
+ * sum |w| (|x| + d), as tests/test_kernels_variants.c derives. */
+typedef struct tolerance {
+    double *mag;  /* [m][n] */
+    double *step; /* [m][n] */
+} tolerance;
+
+static tolerance tolerance_of(const nm_mat *w, const float *x, int64_t m) {
+    const int64_t n = w->n, k = w->k;
+    tolerance t = {malloc((size_t)(m * n) * sizeof(double)),
+                   malloc((size_t)(m * n) * sizeof(double))};
+    float *wf = malloc((size_t)k * sizeof(float));
+    float *d = malloc((size_t)(m * (k / 32 + 1)) * sizeof(float)); /* [m][k / 32] */
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < k / 32; b++) {
+            float amax = 0;
+            for (int q = 0; q < 32; q++)
+                amax = fmaxf(amax, fabsf(x[i * k + 32 * b + q]));
+            d[i * (k / 32) + b] = amax / 127.0f;
+        }
+    for (int64_t j = 0; j < n; j++) {
         nm_dequantize_row((nm_dtype)w->type, (const uint8_t *)w->data + (size_t)j * w->row_bytes,
-                          wf, w->k);
+                          wf, k);
         for (int64_t i = 0; i < m; i++) {
-            double mag = 0;
-            for (int64_t q = 0; q < w->k; q++)
-                mag += fabs((double)x[i * w->k + q] * wf[q]);
-            if (fabs((double)y[i * w->n + j] - yr[i * w->n + j]) >
-                (2.0 * (double)w->k * 0x1.0p-24 + extra_rel) * mag + 1e-30)
-                bad++;
+            double mag = 0, step = 0, qmag = 0;
+            const float *xi = x + i * k, *di = d + i * (k / 32);
+            for (int64_t q = 0; q < k; q++) {
+                const double aw = fabs((double)wf[q]), db = q / 32 < k / 32 ? di[q / 32] : 0;
+                mag += aw * fabs((double)xi[q]);
+                step += aw * db;
+                qmag += aw * (fabs((double)xi[q]) + db);
+            }
+            t.mag[i * n + j] = mag;
+            t.step[i * n + j] = step * (0.5 + 0x1.0p-14) + (double)(k / 32 + 2) * 0x1.0p-24 * qmag;
         }
     }
     free(wf);
+    free(d);
+    return t;
+}
+
+/* Outputs of the active variant outside the tolerance against yr. */
+static int validate(const nm_mat *w, const float *x, int64_t m, float *y, const float *yr,
+                    const tolerance *t, double extra_rel, int quantised) {
+    nm_matmul_forward(w, x, w->k, m, y, w->n, 0, w->n);
+    int bad = 0;
+    for (int64_t i = 0; i < m * w->n; i++) {
+        const double tol = (2.0 * (double)w->k * 0x1.0p-24 + extra_rel) * t->mag[i] +
+                           (quantised ? t->step[i] : 0.0) + 1e-30;
+        if (!(fabs((double)y[i] - yr[i]) <= tol)) bad++;
+    }
     return bad;
 }
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 7;
     if (reps < 1 || reps > 1000) {
-        fprintf(stderr, "usage: nm_bench_kernels [REPS in 1..1000]\n");
+        fprintf(stderr, "usage: nm_bench_kernels [REPS in 1..1000 [TYPE [VARIANT [MxNxK]]]]\n");
         return 2;
     }
     printf("# nm_bench_kernels %d\n", reps);
@@ -109,55 +170,100 @@ int main(int argc, char **argv) {
     printf("# peaks (one core): FP32 FMA %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
            "int8 VNNI (vpdpbusd) %.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
            fma, bf16, vnni, bw1, bw2);
-    const char *only_type = argc > 2 ? argv[2] : NULL, *only_isa = argc > 3 ? argv[3] : NULL;
-    printf("| variant | type | test | m x N x K | valid | ms (median) | GFLOP/s | %% FMA peak | "
-           "weight GB/s | %% read peak |\n|---|---|---|---|---|---:|---:|---:|---:|---:|\n");
-    const uint32_t types[4] = {NM_DTYPE_F32, NM_DTYPE_F16, NM_DTYPE_BF16, NM_DTYPE_Q8_0};
-    const struct {
+    const char *only_type = argc > 2 && strcmp(argv[2], "all") != 0 ? argv[2] : NULL;
+    const char *only_isa = argc > 3 && strcmp(argv[3], "all") != 0 ? argv[3] : NULL;
+    printf(
+        "| variant | type | test | m x N x K | valid | ms (median) | cpu ms (median) | GFLOP/s | "
+        "%% FMA peak | weight GB/s | %% read peak |\n"
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+    const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16, NM_DTYPE_Q8_0,
+                              NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const int n_types = (int)(sizeof types / sizeof types[0]);
+    /* n_mat > 1: that many distinct matrices, timed one after another (the
+     * decode of a layer's expert down projections: their weights come from
+     * memory, not the caches); validated on the first */
+    struct {
         const char *name;
-        int64_t m, n, k;
-    } tests[2] = {{"gemm (expert prefill)", 64, 768, 2048}, {"gemv (decode)", 1, 16384, 2048}};
+        int64_t m, n, k, n_mat;
+    } tests[4] = {{"gemm (expert prefill)", 64, 768, 2048, 1},
+                  {"gemm (expert prefill)", 512, 768, 2048, 1},
+                  {"gemv (decode)", 1, 16384, 2048, 1},
+                  {"gemv (decode, 128 experts)", 1, 2048, 768, 128}};
+    int n_tests = 4;
+    if (argc > 4) {
+        long long m, n, k;
+        if (sscanf(argv[4], "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 256 ||
+            k % 256 != 0 || m * k > (1ll << 28) || n * k > (1ll << 32)) {
+            fprintf(stderr, "shape %s: want MxNxK, K a multiple of 256\n", argv[4]);
+            return 2;
+        }
+        tests[0].name = m == 1 ? "gemv" : "gemm";
+        tests[0].m = m;
+        tests[0].n = n;
+        tests[0].k = k;
+        tests[0].n_mat = 1;
+        n_tests = 1;
+    }
     int failures = 0;
-    for (int t = 0; t < 4; t++)
-        for (int s = 0; s < 2; s++) {
+    for (int t = 0; t < n_types; t++)
+        for (int s = 0; s < n_tests; s++) {
             if (only_type && strcmp(only_type, nm_dtype_name(types[t])) != 0) continue;
             size_t rb;
-            const int64_t m = tests[s].m, n = tests[s].n, k = tests[s].k;
-            uint8_t *wd = make_weights(types[t], n, k, &rb);
+            const int64_t m = tests[s].m, n = tests[s].n, k = tests[s].k, n_mat = tests[s].n_mat;
+            uint8_t *wd = make_weights(types[t], n * n_mat, k, &rb);
             nm_mat w = {.data = wd, .type = types[t], .n = n, .k = k, .row_bytes = rb};
             float *x = malloc((size_t)(m * k) * sizeof(float));
             float *y = malloc((size_t)(m * n) * sizeof(float));
             float *yr = malloc((size_t)(m * n) * sizeof(float));
             for (int64_t i = 0; i < m * k; i++)
                 x[i] = frand();
+            nm_matmul_ref_forward(&w, x, k, m, yr, n, 0, n);
+            tolerance tol = tolerance_of(&w, x, m);
             for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
                 if (only_isa && strcmp(only_isa, nm_kernels_isa_name((nm_kernels_isa)isa)) != 0)
                     continue;
                 if (!nm_kernels_force((nm_kernels_isa)isa)) continue;
-                const double extra = isa != NM_KERNELS_AVX512BF16 ? 0.0
-                                     : types[t] == NM_DTYPE_BF16  ? 0x1.0p-8
-                                     : types[t] == NM_DTYPE_Q8_0  ? 0x1.8p-8
-                                                                  : 0.0;
-                const int bad = validate(&w, x, m, y, yr, extra);
+                const int bf16_acts =
+                    (isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI) &&
+                    types[t] == NM_DTYPE_BF16;
+                const double extra = bf16_acts ? 0x1.0p-8
+                                     : isa == NM_KERNELS_AVX512BF16 && types[t] == NM_DTYPE_Q8_0
+                                         ? 0x1.8p-8
+                                         : 0.0;
+                const int quantised =
+                    isa == NM_KERNELS_AVX512VNNI && nm_matmul_avx512vnni_quantises(types[t]);
+                const int bad = validate(&w, x, m, y, yr, &tol, extra, quantised);
                 failures += bad != 0;
-                double ms[1000];
+                double ms[1000], cpu_ms[1000];
                 for (int r = 0; r < reps; r++) {
-                    const double t0 = now();
-                    nm_matmul_forward(&w, x, k, m, y, n, 0, n);
+                    const double t0 = now(), c0 = cpu_now();
+                    for (int64_t e = 0; e < n_mat; e++) {
+                        nm_mat we = w;
+                        we.data = wd + (size_t)(e * n) * rb;
+                        nm_matmul_forward(&we, x, k, m, y, n, 0, n);
+                    }
                     ms[r] = (now() - t0) * 1e3;
+                    cpu_ms[r] = (cpu_now() - c0) * 1e3;
                 }
                 qsort(ms, (size_t)reps, sizeof ms[0], cmp_double);
+                qsort(cpu_ms, (size_t)reps, sizeof cpu_ms[0], cmp_double);
                 const double med = ms[reps / 2];
-                const double gflops = 2.0 * (double)(m * n * k) / (med * 1e-3) * 1e-9;
-                const double gbs = (double)n * (double)rb / (med * 1e-3) * 1e-9;
-                printf("| %s | %s | %s | %lld x %lld x %lld | %s | %.3f | %.1f | %.0f%% | %.1f | "
+                const double gflops = 2.0 * (double)(m * n * k * n_mat) / (med * 1e-3) * 1e-9;
+                const double gbs = (double)(n * n_mat) * (double)rb / (med * 1e-3) * 1e-9;
+                char shape[64];
+                snprintf(shape, sizeof shape,
+                         n_mat > 1 ? "%lld x %lld x %lld (x %lld)" : "%lld x %lld x %lld",
+                         (long long)m, (long long)n, (long long)k, (long long)n_mat);
+                printf("| %s | %s | %s | %s | %s | %.3f | %.3f | %.1f | %.0f%% | %.1f | "
                        "%.0f%% |\n",
                        nm_kernels_isa_name((nm_kernels_isa)isa), nm_dtype_name(types[t]),
-                       tests[s].name, (long long)m, (long long)n, (long long)k, bad ? "FAIL" : "ok",
-                       med, gflops, fma > 0 ? 100.0 * gflops / fma : 0.0, gbs,
+                       tests[s].name, shape, bad ? "FAIL" : "ok", med, cpu_ms[reps / 2], gflops,
+                       fma > 0 ? 100.0 * gflops / fma : 0.0, gbs,
                        bw1 > 0 ? 100.0 * gbs / bw1 : 0.0);
                 fflush(stdout);
             }
+            free(tol.mag);
+            free(tol.step);
             free(wd);
             free(x);
             free(y);

@@ -10,5 +10,8 @@ function(nm_set_kernel_flags)
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512bf16.c PROPERTIES
                                 COMPILE_OPTIONS
                                 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mfma;-mf16c")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512vnni.c PROPERTIES
+                                COMPILE_OPTIONS
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c")
   endif()
 endfunction()

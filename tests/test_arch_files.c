@@ -2,12 +2,14 @@
  * wrong: copies of the tiny models with one key changed or one tensor
  * removed or added (a dense llama, GQA in olmoe, a missing phimoe bias, half
  * of the RoPE factors, fused q/k/v, the old per-expert Mixtral layout, a
- * bad attention factor). The copies are written to the build folder. */
+ * bad attention factor, weights of a type npumoe cannot compute with). The
+ * copies are written to the build folder. */
 #include "harness.h"
 
 #include "base/base.h"
 #include "gguf/gguf.h"
 #include "npumoe.h"
+#include "tensor/tensor.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,8 @@ typedef struct change {
     const char *drop_tensor;
     const char *add_tensor; /* new name */
     const char *add_from;   /* copied from */
+    const char *retype;     /* a tensor stored as retype_to instead (zero bytes) */
+    uint32_t retype_to;
 } change;
 
 static void copy_cstr(nm_gguf_str s, char *buf, size_t cap) {
@@ -46,6 +50,16 @@ static bool write_copy(const char *src, const change *c, const char *dst) {
         const nm_gguf_tensor *t = nm_gguf_tensor_at(g, i);
         copy_cstr(t->name, name, sizeof name);
         if (c->drop_tensor && strcmp(name, c->drop_tensor) == 0) continue;
+        if (c->retype && strcmp(name, c->retype) == 0) {
+            size_t row_bytes = 0;
+            ok = nm_dtype_row_bytes(c->retype_to, t->ne[0], &row_bytes);
+            const size_t n_bytes = row_bytes * (size_t)(t->ne[1] * t->ne[2] * t->ne[3]);
+            void *zeros = ok ? calloc(1, n_bytes) : NULL;
+            ok = zeros && nm_gguf_writer_add_tensor(w, name, c->retype_to, t->n_dims, t->ne, zeros,
+                                                    n_bytes) == NM_OK;
+            free(zeros);
+            continue;
+        }
         ok = nm_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->n_bytes) ==
              NM_OK;
         if (ok && c->add_tensor && strcmp(name, c->add_from) == 0)
@@ -108,5 +122,15 @@ int main(void) {
         NM_ERR_UNSUPPORTED, "reconvert", "Mixtral's old per-expert layout");
     expect_refused("tiny-olmoe", &(change){.drop_tensor = "blk.0.attn_k_norm.weight"},
                    NM_ERR_NOT_FOUND, "attn_k_norm", "olmoe without its k norm");
+    /* weight types npumoe does not compute with: refused at load, naming
+     * the tensor and the type */
+    expect_refused("tiny-qwen3moe-q-Q4_K_M",
+                   &(change){.retype = "blk.1.ffn_up_exps.weight", .retype_to = NM_DTYPE_Q2_K},
+                   NM_ERR_UNSUPPORTED, "'blk.1.ffn_up_exps.weight' has type q2_K",
+                   "q2_K expert weights");
+    expect_refused("tiny-qwen3moe-q-Q4_K_M",
+                   &(change){.retype = "blk.0.attn_q.weight", .retype_to = NM_DTYPE_IQ2_XXS},
+                   NM_ERR_UNSUPPORTED, "'blk.0.attn_q.weight' has type iq2_xxs",
+                   "iq2_xxs attention weights");
     return nm_test_finish("test_arch_files");
 }

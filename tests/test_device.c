@@ -389,9 +389,9 @@ static void check_refusals(nm_device *dev, const nm_expert_weights *w) {
     expect_refusal(dev, &s, NM_ERR_INVALID_ARG, "n_experts 0");
     s = good;
     nm_expert_weights quant = *w;
-    quant.down.type = NM_DTYPE_Q4_0;
+    quant.down.type = NM_DTYPE_Q2_K;
     s.weights = &quant;
-    expect_refusal(dev, &s, NM_ERR_UNSUPPORTED, "down weights of type q4_0");
+    expect_refusal(dev, &s, NM_ERR_UNSUPPORTED, "down weights of type q2_K");
 
     /* the good spec compiles, and every failed allocation is reported */
     nm_graph *g = NULL;
@@ -462,10 +462,13 @@ static void check_profile(nm_device *dev, const nm_expert_weights *w, nm_pool *h
         CHECK(p.points[i].graph_ms > 0 && p.points[i].graph_ms < 1e4);
     }
     if (p.n_points == 9) {
-        /* 128 rows of every expert cost more than one row of one */
+        /* 128 rows of every expert cost more than one row of each, or 128
+         * rows of one (one expert's 128 rows against its one row is left
+         * out: at d_model 64 the difference, ~20 us, is within the
+         * thread wake-up jitter of a shared machine) */
         CHECK(p.points[8].graph_ms > p.points[0].graph_ms);
         CHECK(p.points[8].graph_ms > p.points[6].graph_ms);
-        CHECK(p.points[2].graph_ms > p.points[0].graph_ms);
+        CHECK(p.points[8].graph_ms > p.points[2].graph_ms);
     }
     CHECK(p.dispatch_ms > 0 && p.dispatch_ms < 1e3);
     CHECK(p.host_row_ms > 0 && p.host_row_ms < 1e3);

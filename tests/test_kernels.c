@@ -1,5 +1,6 @@
 /* The reference kernels against closed forms and double-precision sums:
- * half/bfloat16 conversions, matmul for F32/F16/BF16 at awkward sizes,
+ * half/bfloat16 conversions, matmul for F32/F16/BF16 at awkward sizes and
+ * for Q4_0/Q4_K/Q5_K/Q6_K weights encoded here from known codes,
  * RMSNorm, NeoX RoPE, softmax, SwiGLU, attention; and the thread pool. */
 #include "harness.h"
 
@@ -82,7 +83,11 @@ static void test_matmul_type(uint32_t type, int64_t m, int64_t n, int64_t k) {
     free(y);
 }
 
+/* The reference matmul over the float types (the variants are checked
+ * against it by test_kernels_variants). */
 static void test_matmul(void) {
+    const nm_kernels_isa start = nm_kernels_active();
+    CHECK(nm_kernels_force(NM_KERNELS_REF));
     const uint32_t types[3] = {NM_DTYPE_F32, NM_DTYPE_F16, NM_DTYPE_BF16};
     const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 3}, {3, 5, 257}, {17, 33, 300}, {2, 3, 4099}};
     for (int t = 0; t < 3; t++)
@@ -93,6 +98,128 @@ static void test_matmul(void) {
     nm_mat mat = {.data = w, .type = NM_DTYPE_F32, .n = 3, .k = 2, .row_bytes = 8};
     nm_matmul_forward(&mat, x, 2, 1, y, 3, 1, 2);
     CHECK(y[0] == -7 && y[1] == 7 && y[2] == -7);
+    CHECK(nm_kernels_force(start));
+}
+
+/* Quantised weights written here from integer codes and scales chosen at
+ * random (an encoder independent of the dequantiser), with their values in
+ * double: x = (q - 8) d (Q4_0), d sc q - dmin mn (Q4_K, Q5_K), d sc (q - 32)
+ * (Q6_K). d sc and dmin mn are exact in float, so each dequantised weight
+ * is within one rounding of these values. */
+static int rand_int(int n) { return (int)((frand() + 1.0) * 0.5 * n) % n; }
+
+static double rand_half(float lo, uint8_t *dst) {
+    const uint16_t h = nm_f32_to_f16((frand() < 0 ? -lo : lo) * (2.0f + frand()));
+    memcpy(dst, &h, 2);
+    return nm_f16_to_f32(h);
+}
+
+static void encode_block(uint32_t type, uint8_t *blk, double *val) {
+    int q[256], sc[16], mn[8];
+    if (type == NM_DTYPE_Q4_0) {
+        const double d = rand_half(0.01f, blk);
+        for (int i = 0; i < 32; i++)
+            q[i] = rand_int(16), val[i] = (q[i] - 8) * d;
+        for (int i = 0; i < 16; i++)
+            blk[2 + i] = (uint8_t)(q[i] | q[i + 16] << 4);
+        return;
+    }
+    if (type == NM_DTYPE_Q6_K) {
+        const double d = rand_half(0.0005f, blk + 208);
+        for (int s = 0; s < 16; s++)
+            sc[s] = rand_int(256) - 128, blk[192 + s] = (uint8_t)(int8_t)sc[s];
+        for (int i = 0; i < 256; i++) {
+            q[i] = rand_int(64);
+            val[i] = d * sc[i / 16] * (q[i] - 32);
+        }
+        memset(blk, 0, 192);
+        for (int i = 0; i < 256; i++) {
+            /* half h, group g of 32, lane l */
+            const int h = i / 128, g = (i % 128) / 32, l = i % 32;
+            blk[64 * h + l + 32 * (g & 1)] |= (uint8_t)((q[i] & 15) << (4 * (g >> 1)));
+            blk[128 + 32 * h + l] |= (uint8_t)((q[i] >> 4) << (2 * g));
+        }
+        return;
+    }
+    /* Q4_K, Q5_K */
+    const int bits = type == NM_DTYPE_Q5_K ? 5 : 4;
+    const double d = rand_half(0.001f, blk), dmin = rand_half(0.01f, blk + 2);
+    for (int s = 0; s < 8; s++)
+        sc[s] = rand_int(64), mn[s] = rand_int(64);
+    uint8_t *scales = blk + 4;
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        scales[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+    uint8_t *qh = blk + 16, *qs = bits == 5 ? qh + 32 : qh;
+    memset(qh, 0, bits == 5 ? 160 : 128);
+    for (int i = 0; i < 256; i++) {
+        const int s = i / 32, l = i % 32;
+        q[i] = rand_int(1 << bits);
+        val[i] = d * sc[s] * q[i] - dmin * mn[s];
+        qs[32 * (s / 2) + l] |= (uint8_t)((q[i] & 15) << (4 * (s & 1)));
+        if (bits == 5) qh[l] |= (uint8_t)((q[i] >> 4) << s);
+    }
+}
+
+static void test_matmul_quant(uint32_t type, int64_t m, int64_t n, int64_t k) {
+    const nm_dtype_traits *tr = nm_dtype_traits_of(type);
+    const int64_t bs = tr->block_size, nb = k / bs;
+    const size_t rb = (size_t)nb * tr->block_bytes;
+    uint8_t *w = calloc((size_t)n, rb);
+    double *wv = malloc((size_t)(n * k) * sizeof(double)); /* [n][k] the weights' values */
+    float *wf = malloc((size_t)k * sizeof(float));
+    float *x = malloc((size_t)(m * k) * sizeof(float));
+    float *y = malloc((size_t)(m * n) * sizeof(float));
+    double worst_w = 0;
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t b = 0; b < nb; b++)
+            encode_block(type, w + (size_t)j * rb + b * tr->block_bytes, wv + j * k + b * bs);
+        nm_dequantize_row((nm_dtype)type, w + (size_t)j * rb, wf, k);
+        for (int64_t q = 0; q < k; q++) {
+            const double e = fabs(wf[q] - wv[j * k + q]) / (fabs(wv[j * k + q]) + 1e-30);
+            if (e > worst_w) worst_w = e;
+        }
+    }
+    CHECK(worst_w <= 0x1.0p-24); /* one rounding at most */
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = frand();
+    nm_mat mat = {.data = w, .type = type, .n = n, .k = k, .row_bytes = rb};
+    nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
+    double worst = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t q = 0; q < k; q++) {
+                ref += (double)x[i * k + q] * wv[j * k + q];
+                mag += fabs((double)x[i * k + q] * wv[j * k + q]);
+            }
+            const double e = fabs(y[i * n + j] - ref) / (mag + 1e-30);
+            if (e > worst) worst = e;
+        }
+    if (!(worst < 1e-6 * (double)k + 1e-6))
+        fprintf(stderr, "matmul %s m=%lld n=%lld k=%lld: rel err %.3g\n", nm_dtype_name(type),
+                (long long)m, (long long)n, (long long)k, worst);
+    CHECK(worst < 1e-6 * (double)k + 1e-6);
+    free(w);
+    free(wv);
+    free(wf);
+    free(x);
+    free(y);
+}
+
+/* The reference matmul over the quantised types. */
+static void test_matmul_quants(void) {
+    const nm_kernels_isa start = nm_kernels_active();
+    CHECK(nm_kernels_force(NM_KERNELS_REF));
+    const uint32_t types[4] = {NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const int64_t shapes[][3] = {{1, 1, 256}, {3, 5, 512}, {6, 9, 2048}, {2, 3, 4352}};
+    for (int t = 0; t < 4; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            test_matmul_quant(types[t], shapes[s][0], shapes[s][1], shapes[s][2]);
+    test_matmul_quant(NM_DTYPE_Q4_0, 2, 3, 96); /* not a whole number of 256 */
+    CHECK(nm_kernels_force(start));
 }
 
 static void test_elementwise(void) {
@@ -210,6 +337,7 @@ static void test_pool(void) {
 int main(void) {
     test_conversions();
     test_matmul();
+    test_matmul_quants();
     test_elementwise();
     test_rope();
     test_attention();

@@ -1,17 +1,30 @@
 /* Every kernel variant this CPU supports against the reference kernels:
- * matmul for F32/F16/BF16/Q8_0 weights on awkward sizes (1 row, K not a
- * multiple of the vector width, very long rows), results independent of the
- * row count and of the column range, attention; and Q8_0 dequantisation
- * against its closed form and bit for bit against ggml's. Tolerance of a matmul output: |y - y_ref|
- * <= 2 * K * 2^-24 * sum_k |x_k w_k| + 1e-30 (two float sums of K terms in different orders each
- * err by at most K * u * sum|terms|); avx512bf16 with BF16 weights rounds activations to bfloat16
- * and adds 2^-8 * sum|x w|. */
+ * matmul for F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights on awkward sizes
+ * (1 row, m around the tile sizes, K not a multiple of the vector width,
+ * very long rows), results independent of the row count and of the column
+ * range, attention; Q8_0 dequantisation against its closed form; and the
+ * dequantisation of every quantised type bit for bit against ggml's.
+ * Tolerance of a matmul output: |y - y_ref| <= 2 * K * 2^-24 * sum_k |x_k
+ * w_k| + 1e-30 (two float sums of K terms in different orders each err by
+ * at most K * u * sum|terms|; the quantised types' weights are the same
+ * floats on both sides); avx512bf16 with BF16 weights rounds activations to
+ * bfloat16 and adds 2^-8 * sum|x w|. avx512vnni, for the types it quantises
+ * activations for, moves each x_k to d_b q_k (d_b = max|x| / 127 over its
+ * block of 32, q_k the nearest integer to x_k / d_b): by at most
+ * d_b (1/2 + 2^-14) (2^-14 covers the float rounding of x_k * (1 / d_b)), so
+ * it adds sum_k |w_k| d_b(k) (1/2 + 2^-14), plus the float error of its
+ * block sums and scales, (n_blocks + 4) 2^-24 sum_k a_k (|x_k| + d_b(k))
+ * with a_k = |w_k| (Q4_K/Q5_K: |w_k| + 2 dmin mn, as w_k = (d sc) q - dmin mn
+ * can cancel). It is also checked against this file's own model of that
+ * computation (the same codes, summed in double) within that float term
+ * alone. */
 #include "harness.h"
 
 #include "gguf/gguf.h"
 #include "kernels/kernels-impl.h"
 #include "tensor/tensor.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,19 +37,45 @@ static float frand(void) {
     return (float)((rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
-/* Random weights of a type as stored, and the same values as floats. */
+static uint8_t random_byte(void) {
+    frand();
+    return (uint8_t)(rng >> 40);
+}
+
+/* An f16 scale of magnitude in [lo, 3 lo) and random sign. */
+static void put_scale(uint8_t *p, float lo) {
+    const float v = lo * (2.0f + frand());
+    uint16_t h = nm_f32_to_f16(frand() < 0 ? -v : v);
+    memcpy(p, &h, 2);
+}
+
+/* Random weights of a type as stored, and the same values as floats. Blocks
+ * of the quantised types get random bytes, then f16 scales of a sensible
+ * size (random bytes there could be infinities). */
 static uint8_t *make_weights(uint32_t type, int64_t n, int64_t k, float *wf, size_t *row_bytes) {
     CHECK(nm_dtype_row_bytes(type, k, row_bytes));
     uint8_t *w = calloc((size_t)n, *row_bytes);
+    const nm_dtype_traits *tr = nm_dtype_traits_of(type);
     for (int64_t j = 0; j < n; j++) {
         uint8_t *row = w + (size_t)j * *row_bytes;
-        if (type == NM_DTYPE_Q8_0) {
-            for (int64_t b = 0; b < k / 32; b++) {
-                uint8_t *blk = row + b * 34;
-                uint16_t d = nm_f32_to_f16(0.01f + 0.02f * (frand() + 1.0f));
-                memcpy(blk, &d, 2);
-                for (int i = 0; i < 32; i++)
-                    blk[2 + i] = (uint8_t)(int8_t)(int)(frand() * 127.0f);
+        if (tr->block_size > 1) {
+            for (size_t i = 0; i < *row_bytes; i++)
+                row[i] = random_byte();
+            for (int64_t b = 0; b < k / tr->block_size; b++) {
+                uint8_t *blk = row + b * tr->block_bytes;
+                switch (type) {
+                case NM_DTYPE_Q8_0:
+                case NM_DTYPE_Q4_0:
+                    put_scale(blk, 0.01f);
+                    break;
+                case NM_DTYPE_Q4_K:
+                case NM_DTYPE_Q5_K:
+                    put_scale(blk, 0.001f);    /* d: times a 6-bit scale */
+                    put_scale(blk + 2, 0.01f); /* dmin */
+                    break;
+                default: /* Q6_K: d last */
+                    put_scale(blk + NM_Q6_K_BYTES - 2, 0.0005f);
+                }
             }
         } else {
             for (int64_t q = 0; q < k; q++) {
@@ -52,6 +91,85 @@ static uint8_t *make_weights(uint32_t type, int64_t n, int64_t k, float *wf, siz
         nm_dequantize_row((nm_dtype)type, row, wf + j * k, k);
     }
     return w;
+}
+
+/* The activation quantisation avx512vnni documents, written independently:
+ * per block of 32, d = max|x| / 127 and q = nearest-even integer of
+ * x * (1 / d) (all 0 when d is below FLT_MIN). Gives d per block in
+ * d[k / 32] and the codes in q[k]. */
+static void quantise_model(const float *x, int64_t k, float *d, int *q) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[32 * b + i]) > amax) amax = fabsf(x[32 * b + i]);
+        d[b] = amax / 127.0f;
+        if (d[b] < FLT_MIN) d[b] = 0;
+        const float id = d[b] > 0 ? 1.0f / d[b] : 0.0f;
+        for (int i = 0; i < 32; i++)
+            q[32 * b + i] = (int)nearbyintf(x[32 * b + i] * id);
+    }
+}
+
+/* Per weight, the magnitude its float rounding is relative to: |w| for
+ * Q8_0, Q4_0 and Q6_K; for Q4_K/Q5_K, whose w = (d sc) q - dmin mn is a
+ * difference that can cancel, |w| + 2 dmin mn. a: [n][k]. */
+static void rounding_magnitudes(uint32_t type, const uint8_t *w, size_t rb, const float *wf,
+                                int64_t n, int64_t k, double *a) {
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t p = 0; p < k; p++) {
+            double mins = 0;
+            if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K) {
+                const uint8_t *blk =
+                    w + j * rb +
+                    (size_t)(p / 256) * (type == NM_DTYPE_Q4_K ? NM_Q4_K_BYTES : NM_Q5_K_BYTES);
+                uint16_t h;
+                uint8_t sc, mn;
+                memcpy(&h, blk + 2, 2);
+                nm_k4_scale_min((int)(p % 256 / 32), blk + 4, &sc, &mn);
+                mins = 2.0 * fabs((double)nm_f16_to_f32(h) * mn);
+            }
+            a[j * k + p] = fabs((double)wf[j * k + p]) + mins;
+        }
+}
+
+/* Outputs of avx512vnni (y[m][n], activations quantised) outside the
+ * tolerance against the reference yr, or against the model (the same codes
+ * summed in double); a: the weights' rounding magnitudes; worst relative
+ * error against yr in *worst. */
+static int check_vnni(const float *x, const float *wf, const double *a, const float *y,
+                      const float *yr, int64_t m, int64_t n, int64_t k, double *worst) {
+    float *d = malloc((size_t)(k / 32) * sizeof(float));
+    int *q = malloc((size_t)k * sizeof(int));
+    const double u = 0x1.0p-24, nb = (double)(k / 32);
+    int bad = 0;
+    for (int64_t i = 0; i < m; i++) {
+        quantise_model(x + i * k, k, d, q);
+        for (int64_t j = 0; j < n; j++) {
+            const float *wj = wf + j * k;
+            double mag = 0, step = 0, qmag = 0, model = 0;
+            for (int64_t p = 0; p < k; p++) {
+                const double db = d[p / 32];
+                mag += fabs((double)x[i * k + p] * wj[p]);
+                step += fabs((double)wj[p]) * db;
+                qmag += a[j * k + p] * (fabs((double)x[i * k + p]) + db);
+                model += (double)wj[p] * (db * q[p]);
+            }
+            const double got = y[i * n + j], fl = (nb + 4) * u * qmag + 1e-30;
+            const double tol = step * (0.5 + 0x1.0p-14) + 2.0 * (double)k * u * mag + fl;
+            const double e = fabs(got - yr[i * n + j]);
+            if (!(e <= tol) || !(fabs(got - model) <= fl)) {
+                if (bad < 3)
+                    fprintf(stderr,
+                            "  y[%lld][%lld] = %.9g: ref %.9g (tol %.3g), model %.9g (tol %.3g)\n",
+                            (long long)i, (long long)j, got, yr[i * n + j], tol, model, fl);
+                bad++;
+            }
+            if (e / (mag + 1e-30) > *worst) *worst = e / (mag + 1e-30);
+        }
+    }
+    free(d);
+    free(q);
+    return bad;
 }
 
 static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n, int64_t k) {
@@ -70,7 +188,14 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
     int bad = 0;
     double worst = 0;
-    for (int64_t i = 0; i < m; i++)
+    const int vnni = isa == NM_KERNELS_AVX512VNNI && nm_matmul_avx512vnni_quantises(type);
+    if (vnni) {
+        double *a = malloc((size_t)(n * k) * sizeof(double));
+        rounding_magnitudes(type, w, rb, wf, n, k, a);
+        bad = check_vnni(x, wf, a, y, yr, m, n, k, &worst);
+        free(a);
+    }
+    for (int64_t i = 0; i < m && !vnni; i++)
         for (int64_t j = 0; j < n; j++) {
             double mag = 0;
             for (int64_t q = 0; q < k; q++)
@@ -78,7 +203,10 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
             double e = fabs((double)y[i * n + j] - yr[i * n + j]);
             double tol = 2.0 * (double)k * 0x1.0p-24 * mag + 1e-30;
             /* activations rounded to bfloat16: up to 2^-9 each, both sides */
-            if (isa == NM_KERNELS_AVX512BF16 && type == NM_DTYPE_BF16) tol += 0x1.0p-8 * mag;
+            /* (avx512vnni hands BF16 weights to avx512bf16) */
+            if ((isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI) &&
+                type == NM_DTYPE_BF16)
+                tol += 0x1.0p-8 * mag;
             /* and Q8_0 weights too: 2^-9 more */
             if (isa == NM_KERNELS_AVX512BF16 && type == NM_DTYPE_Q8_0) tol += 0x1.8p-8 * mag;
             if (e > tol) bad++;
@@ -94,6 +222,13 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     nm_matmul_forward(&mat, x + (m - 1) * k, k, 1, y1, n, 0, split);
     nm_matmul_forward(&mat, x + (m - 1) * k, k, 1, y1, n, split, n);
     CHECK(memcmp(y1, y + (m - 1) * n, (size_t)n * sizeof(float)) == 0);
+    /* the first rows, up to RT_MAX + 1 of them, on split column ranges */
+    const int64_t mf = m < 5 ? m : 5;
+    float *yf = malloc((size_t)(mf * n) * sizeof(float));
+    nm_matmul_forward(&mat, x, k, mf, yf, n, 0, split);
+    nm_matmul_forward(&mat, x, k, mf, yf, n, split, n);
+    CHECK(memcmp(yf, y, (size_t)(mf * n) * sizeof(float)) == 0);
+    free(yf);
     free(w);
     free(wf);
     free(x);
@@ -180,49 +315,123 @@ static void test_q8_0_dequant(void) {
     CHECK(nm_dtype_row_bytes(NM_DTYPE_Q8_0, 2048, &rb) && rb == 2176);
 }
 
-/* Q8_0 rows of llama.cpp's quantised tiny model, dequantised by ggml's own
- * to_float (dequant.txt: "name type row ne0 v0 ..."), bit for bit. */
-static void test_q8_0_golden(void) {
-    const char *dir = NM_VECTORS_DIR "/tiny-qwen3moe-q-Q8_0";
-    char path[512];
-    snprintf(path, sizeof path, "%s/model.gguf", dir);
-    nm_gguf *g = NULL;
-    nm_error err = {0};
-    if (nm_gguf_open(path, &g, &err) != NM_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        CHECK(!"the Q8_0 golden model opens");
-        return;
-    }
-    snprintf(path, sizeof path, "%s/dequant.txt", dir);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    static char line[1 << 16];
-    int rows = 0, mismatches = 0;
-    float *out = malloc(4096 * sizeof(float));
-    while (f && fgets(line, sizeof line, f)) {
-        char name[128], type[16];
-        long row, ne0;
-        int used = 0;
-        if (sscanf(line, "%127s %15s %ld %ld%n", name, type, &row, &ne0, &used) != 4) continue;
-        if (strcmp(type, "q8_0") != 0 || ne0 > 4096) continue;
-        const nm_gguf_tensor *t = nm_gguf_find_tensor(g, name);
-        CHECK(t != NULL && t->type == NM_DTYPE_Q8_0 && t->ne[0] == ne0);
-        if (!t) continue;
-        size_t rb = 0;
-        nm_dtype_row_bytes(NM_DTYPE_Q8_0, ne0, &rb);
-        nm_dequantize_row(NM_DTYPE_Q8_0, (const uint8_t *)t->data + (size_t)row * rb, out, ne0);
-        char *p = line + used;
-        for (long i = 0; i < ne0; i++) {
-            float v = strtof(p, &p);
-            if (memcmp(&v, &out[i], sizeof v) != 0) mismatches++;
+/* Dequantised values of one golden row through a variant's matmul: a
+ * matrix of N_COPIES copies of the row times the identity, K rows at once
+ * (the panel path), then three rows at a time and one at a time (tiles,
+ * GEMV); every output must equal the golden value. Returns the mismatches. */
+enum { N_COPIES = 9 };
+static int identity_mismatches(uint32_t type, const uint8_t *row, size_t rb, int64_t k,
+                               const float *want) {
+    uint8_t *w = malloc((size_t)N_COPIES * rb);
+    float *eye = calloc((size_t)(k * k), sizeof(float));
+    float *y = malloc((size_t)(k * N_COPIES) * sizeof(float));
+    for (int c = 0; c < N_COPIES; c++)
+        memcpy(w + c * rb, row, rb);
+    for (int64_t i = 0; i < k; i++)
+        eye[i * k + i] = 1.0f;
+    const nm_mat mat = {.data = w, .type = type, .n = N_COPIES, .k = k, .row_bytes = rb};
+    int bad = 0;
+    const int64_t steps[3] = {k, 3, 1};
+    for (int s = 0; s < 3; s++) {
+        for (int64_t i0 = 0; i0 < k; i0 += steps[s]) {
+            const int64_t m = k - i0 < steps[s] ? k - i0 : steps[s];
+            nm_matmul_forward(&mat, eye + i0 * k, k, m, y + i0 * N_COPIES, N_COPIES, 0, N_COPIES);
         }
-        rows++;
+        for (int64_t i = 0; i < k; i++)
+            for (int c = 0; c < N_COPIES; c++)
+                bad += y[i * N_COPIES + c] != want[i]; /* a -0 value comes back as +0 */
     }
-    if (f) fclose(f);
+    free(w);
+    free(eye);
+    free(y);
+    return bad;
+}
+
+/* Whether a variant multiplies weights of a type by F32 activations
+ * exactly (so 1 * w gives w back): not avx512bf16 for BF16 and Q8_0, which
+ * it rounds to bfloat16, nor variants that quantise activations. */
+static bool multiplies_exactly(nm_kernels_isa isa, uint32_t type) {
+    switch (isa) {
+    case NM_KERNELS_REF:
+    case NM_KERNELS_AVX2:
+    case NM_KERNELS_AVX512:
+        return true;
+    case NM_KERNELS_AVX512BF16:
+        return type != NM_DTYPE_BF16 && type != NM_DTYPE_Q8_0;
+    default:
+        return false;
+    }
+}
+
+/* Rows of llama.cpp's quantised tiny models, dequantised by ggml's own
+ * to_float (dequant.txt: "name type row ne0 v0 ..."; q4_0, q4_K, q5_K, q6_K
+ * and q8_0 tensors), bit for bit: nm_dequantize_row, the AVX-512 row
+ * dequantisation, and every variant's matmul against the identity. */
+static void test_golden_dequant(void) {
+    static const char *const models[4] = {"Q8_0", "Q4_0", "Q4_K_M", "Q6_K"};
+    static char line[1 << 16];
+    int rows_of[NM_DTYPE_COUNT] = {0}, mismatches = 0;
+    float *want = malloc(4096 * sizeof(float)), *out = malloc(4096 * sizeof(float));
+    for (int mi = 0; mi < 4; mi++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/tiny-qwen3moe-q-%s/model.gguf", NM_VECTORS_DIR, models[mi]);
+        nm_gguf *g = NULL;
+        nm_error err = {0};
+        if (nm_gguf_open(path, &g, &err) != NM_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            CHECK(!"the quantised golden model opens");
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/tiny-qwen3moe-q-%s/dequant.txt", NM_VECTORS_DIR,
+                 models[mi]);
+        FILE *f = fopen(path, "r");
+        CHECK(f != NULL);
+        while (f && fgets(line, sizeof line, f)) {
+            char name[128], type[16];
+            long row, ne0;
+            int used = 0;
+            CHECK(sscanf(line, "%127s %15s %ld %ld%n", name, type, &row, &ne0, &used) == 4);
+            if (ne0 <= 0 || ne0 > 4096) continue;
+            const nm_gguf_tensor *t = nm_gguf_find_tensor(g, name);
+            CHECK(t != NULL && strcmp(nm_dtype_name(t->type), type) == 0 && t->ne[0] == ne0);
+            if (!t || !nm_dtype_is_supported(t->type)) continue;
+            size_t rb = 0;
+            CHECK(nm_dtype_row_bytes(t->type, ne0, &rb));
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)row * rb;
+            char *p = line + used;
+            for (long i = 0; i < ne0; i++)
+                want[i] = strtof(p, &p);
+            int bad = 0;
+            nm_dequantize_row((nm_dtype)t->type, src, out, ne0);
+            bad += memcmp(out, want, (size_t)ne0 * sizeof(float)) != 0;
+            if (nm_kernels_isa_supported(NM_KERNELS_AVX512)) {
+                nm_dequantize_avx512_row(t->type, src, out, ne0);
+                bad += memcmp(out, want, (size_t)ne0 * sizeof(float)) != 0;
+            }
+            for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
+                if (!multiplies_exactly((nm_kernels_isa)isa, t->type)) continue;
+                if (!nm_kernels_force((nm_kernels_isa)isa)) continue;
+                const int n = identity_mismatches(t->type, src, rb, ne0, want);
+                if (n)
+                    fprintf(stderr, "%s: %s %s row %ld: %d values differ\n",
+                            nm_kernels_isa_name((nm_kernels_isa)isa), models[mi], name, row, n);
+                bad += n != 0;
+            }
+            if (bad) fprintf(stderr, "%s %s row %ld (%s) differs\n", models[mi], name, row, type);
+            mismatches += bad;
+            rows_of[t->type]++;
+        }
+        if (f) fclose(f);
+        nm_gguf_close(g);
+    }
+    free(want);
     free(out);
-    nm_gguf_close(g);
-    printf("q8_0 dequantisation: %d golden rows, %d values differ\n", rows, mismatches);
-    CHECK(rows >= 20);
+    printf("golden dequantisation: %d q8_0, %d q4_0, %d q4_K, %d q5_K, %d q6_K rows; %d differ\n",
+           rows_of[NM_DTYPE_Q8_0], rows_of[NM_DTYPE_Q4_0], rows_of[NM_DTYPE_Q4_K],
+           rows_of[NM_DTYPE_Q5_K], rows_of[NM_DTYPE_Q6_K], mismatches);
+    CHECK(rows_of[NM_DTYPE_Q8_0] >= 20 && rows_of[NM_DTYPE_Q4_0] >= 20);
+    CHECK(rows_of[NM_DTYPE_Q4_K] >= 10 && rows_of[NM_DTYPE_Q5_K] >= 4);
+    CHECK(rows_of[NM_DTYPE_Q6_K] >= 20);
     CHECK_INT_EQ(mismatches, 0);
 }
 
@@ -236,23 +445,34 @@ static void test_names(void) {
 
 int main(void) {
     test_q8_0_dequant();
-    test_q8_0_golden();
+    test_golden_dequant();
     test_names();
     const nm_kernels_isa start = nm_kernels_active();
-    const uint32_t types[4] = {NM_DTYPE_F32, NM_DTYPE_F16, NM_DTYPE_BF16, NM_DTYPE_Q8_0};
+    const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16, NM_DTYPE_Q8_0,
+                              NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const int n_types = (int)(sizeof types / sizeof types[0]);
+    /* m around the tile sizes (GEMV, up to 4 or 6 rows, a panel), n around
+     * the tile widths (4, 8, 16), K from one block to very long, also past
+     * the quantised panels' limit (4096) with several rows and past
+     * avx512vnni's slice of one row (65536); 200 rows of 768 cross
+     * avx512vnni's block of quantised rows */
     const int64_t shapes[][3] = {{1, 1, 1},     {1, 7, 3},      {3, 5, 257},  {17, 33, 300},
                                  {2, 3, 4099},  {5, 9, 16},     {4, 4, 64},   {9, 6, 33},
-                                 {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20}, {6, 70, 96}};
+                                 {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20}, {6, 70, 96},
+                                 {1, 19, 512},  {9, 5, 5000},   {5, 8, 768},  {4, 17, 4096},
+                                 {7, 16, 8192}, {13, 31, 256},  {6, 15, 64},  {200, 20, 768},
+                                 {1, 33, 2048}, {12, 48, 4096},
+                                 {40, 6, 8192}};
     for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
         if (!nm_kernels_isa_supported((nm_kernels_isa)isa)) {
             printf("variant %s: not supported here, skipped\n",
                    nm_kernels_isa_name((nm_kernels_isa)isa));
             continue;
         }
-        for (int t = 0; t < 4; t++)
+        for (int t = 0; t < n_types; t++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-                int64_t k = shapes[s][2];
-                if (types[t] == NM_DTYPE_Q8_0) k = (k + 31) / 32 * 32;
+                const int64_t bs = nm_dtype_traits_of(types[t])->block_size;
+                const int64_t k = (shapes[s][2] + bs - 1) / bs * bs;
                 check_matmul((nm_kernels_isa)isa, types[t], shapes[s][0], shapes[s][1], k);
             }
         check_attention((nm_kernels_isa)isa, 4, 2, 2, 3);

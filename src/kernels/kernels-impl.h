@@ -5,6 +5,30 @@
 #define NM_KERNELS_IMPL_H
 
 #include "kernels.h"
+#include "tensor/tensor.h"
+
+/* Q4_0 and the K-quants: the variants widen such rows NM_QUANT_CHUNK
+ * elements at a time (one K-quant super-block, eight Q4_0 blocks). */
+enum { NM_QUANT_CHUNK = 256 };
+
+static inline bool nm_kernels_is_block_quant(uint32_t type) {
+    return type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K ||
+           type == NM_DTYPE_Q6_K;
+}
+
+/* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */
+static inline size_t nm_quant_chunk_bytes(uint32_t type) {
+    switch (type) {
+    case NM_DTYPE_Q4_0:
+        return NM_QUANT_CHUNK / NM_Q4_0_BLOCK * NM_Q4_0_BYTES;
+    case NM_DTYPE_Q4_K:
+        return NM_Q4_K_BYTES;
+    case NM_DTYPE_Q5_K:
+        return NM_Q5_K_BYTES;
+    default:
+        return NM_Q6_K_BYTES;
+    }
+}
 
 void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                            int64_t ldy, int64_t j0, int64_t j1);
@@ -21,8 +45,18 @@ void nm_matmul_avx2_forward(const nm_mat *w, const float *x, int64_t ldx, int64_
                             int64_t ldy, int64_t j0, int64_t j1);
 void nm_matmul_avx512_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                               int64_t ldy, int64_t j0, int64_t j1);
+/* Row dequantisation with AVX-512 for Q4_0, Q4_K, Q5_K and Q6_K (other
+ * types go to nm_dequantize_row): the values nm_dequantize_row gives, bit
+ * for bit; the avx512 matmul widens weights with the same code. */
+void nm_dequantize_avx512_row(uint32_t type, const void *src, float *dst, int64_t n);
 void nm_matmul_avx512bf16_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                   int64_t ldy, int64_t j0, int64_t j1);
+/* Activations quantised to int8 blocks for Q8_0, Q4_0, Q4_K, Q5_K and
+ * Q6_K weights (x86/avx512vnni.c); BF16 as avx512bf16, others as avx512. */
+void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                                  int64_t ldy, int64_t j0, int64_t j1);
+/* Whether avx512vnni quantises the activations for weights of this type. */
+bool nm_matmul_avx512vnni_quantises(uint32_t type);
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
                                  int head_dim, float scale, float *out, float *scores);

@@ -14,7 +14,7 @@
  * starting at data + j * row_bytes. */
 typedef struct nm_mat {
     const void *data;
-    uint32_t type; /* nm_dtype: F32, F16, BF16 or Q8_0 */
+    uint32_t type; /* nm_dtype: one nm_dtype_is_supported accepts */
     int64_t n;     /* N, output rows        */
     int64_t k;     /* K, elements per row   */
     size_t row_bytes;
@@ -23,10 +23,14 @@ typedef struct nm_mat {
 /* Kernel variants. The reference (plain C, src/kernels/ref/) is always
  * present; the per-ISA variants (src/kernels/x86/) are compiled with their
  * own flags and usable when CPUID says so. The variant in use is chosen once,
- * at the first kernel call: NPUMOE_KERNELS=ref|avx2|avx512|avx512bf16 when
- * set and supported, else the best of ref, avx2, avx512 the CPU supports
- * (avx512bf16 rounds activations to bfloat16 for BF16 weights, so it is
- * never chosen automatically). Every variant computes an
+ * at the first kernel call: NPUMOE_KERNELS=ref|avx2|avx512|avx512bf16|
+ * avx512vnni when set and supported (or exact: nm_kernels_exact()), else the fastest the CPU
+ * supports, in the order avx512vnni, avx512bf16, avx512, avx2, ref. avx512bf16 rounds the
+ * activations of BF16 matmuls to bfloat16 and avx512vnni also quantises
+ * those of quantised matmuls to int8 blocks, as llama.cpp does (the cost is
+ * measured in docs/PERFORMANCE.md); F32 and F16 weights keep FP32
+ * activations in every variant, and NPUMOE_KERNELS=avx512 keeps them for
+ * every type. Every variant computes an
  * output element with the same operations whatever the row count m and the
  * column range [j0, j1), so splitting work never changes results. */
 typedef enum nm_kernels_isa {
@@ -34,22 +38,26 @@ typedef enum nm_kernels_isa {
     NM_KERNELS_AVX2 = 1,       /* AVX2 + FMA + F16C */
     NM_KERNELS_AVX512 = 2,     /* AVX-512 F/BW/VL/DQ */
     NM_KERNELS_AVX512BF16 = 3, /* + AVX512-BF16 dot products for BF16 weights */
-    NM_KERNELS_COUNT = 4
+    NM_KERNELS_AVX512VNNI = 4, /* + AVX512-VNNI int8 dot products for quantised weights */
+    NM_KERNELS_COUNT = 5
 } nm_kernels_isa;
 
-/* "ref", "avx2", "avx512", "avx512bf16". */
+/* "ref", "avx2", "avx512", "avx512bf16", "avx512vnni". */
 const char *nm_kernels_isa_name(nm_kernels_isa isa);
 /* Parses a variant name; false for an unknown name. */
 bool nm_kernels_isa_parse(const char *name, nm_kernels_isa *out);
 /* Whether this build and this CPU can run the variant. */
 bool nm_kernels_isa_supported(nm_kernels_isa isa);
+/* The fastest variant that keeps every activation in FP32 (avx512, avx2 or
+ * ref); NPUMOE_KERNELS=exact selects it. */
+nm_kernels_isa nm_kernels_exact(void);
 /* The variant in use (chooses it on the first call). */
 nm_kernels_isa nm_kernels_active(void);
 /* Uses isa from now on; false (and nothing changes) if it is not supported.
  * Call it before starting work on other threads. */
 bool nm_kernels_force(nm_kernels_isa isa);
-/* Checks NPUMOE_KERNELS: true when unset, or a supported variant's name
- * (which is then forced); false otherwise, with the value in *bad. */
+/* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
+ * "exact" (which is then forced); false otherwise, with the value in *bad. */
 bool nm_kernels_check_env(const char **bad);
 
 /* The experts of one layer, as three stacks of matrices in the file. */

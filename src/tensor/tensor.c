@@ -1,5 +1,6 @@
 /* The ggml type table (block layouts from ggml's format; ids ggml removed are
- * left empty) and the scalar float conversions the kernels build on. */
+ * left empty) and the scalar float conversions the kernels build on. Row
+ * dequantisation is in dequant.c. */
 #include "tensor.h"
 
 #include "base/base.h"
@@ -58,8 +59,19 @@ bool nm_dtype_row_bytes(uint32_t type_id, int64_t n, size_t *out) {
 }
 
 bool nm_dtype_is_supported(uint32_t type_id) {
-    return type_id == NM_DTYPE_F32 || type_id == NM_DTYPE_F16 || type_id == NM_DTYPE_BF16 ||
-           type_id == NM_DTYPE_Q8_0;
+    switch (type_id) {
+    case NM_DTYPE_F32:
+    case NM_DTYPE_F16:
+    case NM_DTYPE_BF16:
+    case NM_DTYPE_Q8_0:
+    case NM_DTYPE_Q4_0:
+    case NM_DTYPE_Q4_K:
+    case NM_DTYPE_Q5_K:
+    case NM_DTYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
 }
 
 static uint32_t float_bits(float f) {
@@ -119,42 +131,4 @@ uint16_t nm_f32_to_bf16(float f) {
     if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
-}
-
-void nm_dequantize_row(nm_dtype type, const void *src, float *dst, int64_t n) {
-    const uint8_t *p = src;
-    switch (type) {
-    case NM_DTYPE_F32:
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return;
-    case NM_DTYPE_F16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            dst[i] = nm_f16_to_f32(h);
-        }
-        return;
-    case NM_DTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t b;
-            memcpy(&b, p + 2 * i, 2);
-            dst[i] = nm_bf16_to_f32(b);
-        }
-        return;
-    case NM_DTYPE_Q8_0:
-        /* blocks of 32: an f16 scale d, then 32 int8 q; value = d * q */
-        NM_ASSERT(n % NM_Q8_0_BLOCK == 0);
-        for (int64_t b = 0; b < n / NM_Q8_0_BLOCK; b++) {
-            const uint8_t *blk = p + (size_t)b * NM_Q8_0_BYTES;
-            uint16_t h;
-            memcpy(&h, blk, 2);
-            const float d = nm_f16_to_f32(h);
-            const int8_t *q = (const int8_t *)(blk + 2);
-            for (int i = 0; i < NM_Q8_0_BLOCK; i++)
-                dst[b * NM_Q8_0_BLOCK + i] = d * (float)q[i];
-        }
-        return;
-    default:
-        NM_ASSERT(!"nm_dequantize_row: unsupported type");
-    }
 }

@@ -4,8 +4,9 @@ must give exactly one line on stderr starting with 'npumoe:' and exit status
 1 (never a crash, never a silent success), and the good paths must print what
 the README promises (token ids, JSON figures, logits files, help).
 
-Usage: test_cli.py NPUMOE --vectors DIR --default-model GGUF
-Not here: numerical checks of logits (tests/ref/compare_engine.py does those).
+Usage: test_cli.py NPUMOE --vectors DIR --default-model GGUF [--shipped-model GGUF]
+Not here: numerical checks of logits (tests/ref/compare_engine.py does those),
+except the agreement of quantised files with the float ones.
 """
 import argparse
 import json
@@ -43,11 +44,104 @@ def expect_error(binary, args, needle, what):
           f"exit {r.returncode}, stderr {err!r}")
 
 
+def read_rows(path, n_vocab):
+    with open(path, "rb") as f:
+        data = f.read()
+    vals = struct.unpack("<%df" % (len(data) // 4), data)
+    return [vals[i:i + n_vocab] for i in range(0, len(vals), n_vocab)]
+
+
+def logit_agreement(ref_path, cand_path, n_vocab):
+    """(median and max over positions of max|diff| / max|ref|, top-1 agreement)."""
+    ref, cand = read_rows(ref_path, n_vocab), read_rows(cand_path, n_vocab)
+    if len(ref) != len(cand) or not ref:
+        return 1e9, 1e9, 0.0
+    rel, same = [], 0
+    for r, c in zip(ref, cand):
+        rel.append(max(abs(a - b) for a, b in zip(r, c)) / max(abs(a) for a in r))
+        same += max(range(n_vocab), key=r.__getitem__) == max(range(n_vocab), key=c.__getitem__)
+    rel.sort()
+    return rel[len(rel) // 2], rel[-1], same / len(ref)
+
+
+def test_quantize(bin_, a, tmp, model, paragraph):
+    """npumoe quantize: errors, then quantised files whose logits agree with the float model's."""
+    out = os.path.join(tmp, "q.gguf")
+    expect_error(bin_, ["quantize", "-m", model, "-o", out], "--type", "quantize without --type")
+    expect_error(bin_, ["quantize", "-m", model, "--type", "q8_0"], "-o", "quantize without -o")
+    expect_error(bin_, ["quantize", "-m", model, "-o", out, "--type", "q3_k"], "q4_k_m",
+                 "an unknown quantisation type")
+    expect_error(bin_, ["quantize", "-m", model, "-o", out, "--type", "q8_0", "-t", "0"], "threads",
+                 "quantize with zero threads")
+    expect_error(bin_, ["quantize", "-m", model, "-o", out, "--type", "q8_0", "--ctx", "5"],
+                 "does not apply", "quantize with an option of another command")
+    expect_error(bin_, ["quantize", "-m", os.path.join(tmp, "missing.gguf"), "-o", out, "--type", "q8_0"],
+                 "missing.gguf", "quantize of a missing file")
+    expect_error(bin_, ["quantize", "-m", os.path.join(tmp, "junk.gguf"), "-o", out, "--type", "q8_0"],
+                 "magic", "quantize of a file that is not GGUF")
+    q4 = os.path.join(a.vectors, "tiny-qwen3moe-q-Q4_0", "model.gguf")
+    expect_error(bin_, ["quantize", "-m", q4, "-o", out, "--type", "q4_k"], "only f32, f16 and bf16",
+                 "requantising an already quantised file")
+    expect_error(bin_, ["quantize", "-m", model, "-o", os.path.join(tmp, "no", "dir", "q.gguf"),
+                        "--type", "q8_0"], "cannot create", "an unwritable quantize output")
+    check(not os.path.exists(out), "failed quantize runs leave no output")
+
+    # the bundled F32 model (d_model 64: every K-quant falls back to q8_0 there)
+    text_logits = {}
+    for kind in ["f32", "q8_0", "q4_k_m"]:
+        path = model if kind == "f32" else os.path.join(tmp, "default-%s.gguf" % kind)
+        if kind != "f32":
+            r = run(bin_, ["quantize", "-m", model, "-o", path, "--type", kind, "-t", "2"])
+            err = r.stderr.decode()
+            n_lines = len(re.findall(r"^\[ *\d+/ *(\d+)\]", err, re.M))
+            m = re.search(r"-> .*: (\d+) tensors", err)
+            ok = r.returncode == 0 and m is not None and n_lines == int(m.group(1))
+            if kind == "q4_k_m":  # rows of 64: q4_K falls back, and says so
+                ok = ok and "(fallback: q4_K needs rows of a multiple of 256, these have 64)" in err
+            check(ok, "quantize %s prints a line per tensor and a summary" % kind, err[-600:])
+            r = run(bin_, ["info", "-m", path])
+            check(r.returncode == 0 and b"q8_0" in r.stdout, "the %s file loads" % kind,
+                  (r.stdout + r.stderr).decode()[-300:])
+        lp = os.path.join(tmp, "quant-%s.f32" % kind)
+        r = run(bin_, ["logits", "-m", path, "-p", paragraph, "--all", "-o", lp])
+        check(r.returncode == 0, "logits of the %s model" % kind, r.stderr.decode()[-300:])
+        text_logits[kind] = lp
+    # A random-weight model with near-tied routers: a rounding may flip an expert at a few
+    # positions (measured: median 0.9%, worst 8.4%, top-1 97%).
+    for kind in ["q8_0", "q4_k_m"]:
+        med, worst, top1 = logit_agreement(text_logits["f32"], text_logits[kind], 4099)
+        check(med <= 0.02 and worst <= 0.25 and top1 >= 0.9,
+              "%s logits agree with f32 (median rel <= 2%%, worst <= 25%%, top-1 >= 90%%)" % kind,
+              "median %.4f worst %.4f top-1 %.3f" % (med, worst, top1))
+
+    # the shipped trained model, F16 with d_model 256: real q4_K/q5_K/q6_K tensors
+    if a.shipped_model:
+        with open(os.path.join(os.path.dirname(a.shipped_model), "heldout.txt"), encoding="utf-8") as f:
+            text = f.read()[:900]
+        ref = os.path.join(tmp, "shipped-f16.f32")
+        r = run(bin_, ["logits", "-m", a.shipped_model, "-p", text, "--all", "-o", ref])
+        check(r.returncode == 0, "logits of the shipped model", r.stderr.decode()[-300:])
+        # measured on 233 positions: q8_0 median 0.6%, worst 5.6%, top-1 100%;
+        # q4_k_m median 2.9%, worst 16%, top-1 96.6%
+        for kind, med_max, worst_max, top1_min in [("q8_0", 0.02, 0.15, 0.95), ("q4_k_m", 0.06, 0.3, 0.9)]:
+            path = os.path.join(tmp, "shipped-%s.gguf" % kind)
+            r = run(bin_, ["quantize", "-m", a.shipped_model, "-o", path, "--type", kind])
+            check(r.returncode == 0, "quantize the shipped model to %s" % kind, r.stderr.decode()[-300:])
+            lp = os.path.join(tmp, "shipped-%s.f32" % kind)
+            r = run(bin_, ["logits", "-m", path, "-p", text, "--all", "-o", lp])
+            med, worst, top1 = logit_agreement(ref, lp, 4096) if r.returncode == 0 else (1, 1, 0)
+            check(med <= med_max and worst <= worst_max and top1 >= top1_min,
+                  "shipped %s logits agree with f16 (median <= %g, worst <= %g, top-1 >= %g)"
+                  % (kind, med_max, worst_max, top1_min),
+                  "median %.4f worst %.4f top-1 %.3f %s" % (med, worst, top1, r.stderr.decode()[-200:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("npumoe")
     ap.add_argument("--vectors", required=True)
     ap.add_argument("--default-model", required=True)
+    ap.add_argument("--shipped-model", help="models/npumoe-tiny-moe.gguf (quantize checks)")
     a = ap.parse_args()
     bin_ = a.npumoe
     tiny = os.path.join(a.vectors, "tiny-qwen3moe", "model.gguf")
@@ -107,8 +201,22 @@ def main():
         f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1))
         f.write(struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(val)) + val)
     expect_error(bin_, ["info", "-m", other_arch], "gemma3", "unsupported architecture")
-    q4 = os.path.join(a.vectors, "tiny-qwen3moe-q-Q4_0", "model.gguf")
-    expect_error(bin_, ["info", "-m", q4], "q4_0", "quantised weights of a type not supported")
+    # a tensor of a type npumoe does not compute with: one q4_0 tensor of the
+    # Q4_0 model retyped iq4_nl, which has q4_0's block size and bytes, so the
+    # file stays valid
+    with open(os.path.join(a.vectors, "tiny-qwen3moe-q-Q4_0", "model.gguf"), "rb") as f:
+        q4 = bytearray(f.read())
+    name = b"blk.1.ffn_up_exps.weight"
+    at = q4.find(struct.pack("<Q", len(name)) + name)  # its entry in the tensor table
+    at += 8 + len(name)
+    at += 4 + 8 * struct.unpack_from("<I", q4, at)[0]  # n_dims, ne[]
+    check(struct.unpack_from("<I", q4, at)[0] == 2, "the Q4_0 model's up experts are q4_0")
+    struct.pack_into("<I", q4, at, 20)  # GGML_TYPE_IQ4_NL
+    iq4 = os.path.join(tmp, "iq4_nl.gguf")
+    with open(iq4, "wb") as f:
+        f.write(q4)
+    expect_error(bin_, ["info", "-m", iq4], "'blk.1.ffn_up_exps.weight' has type iq4_nl",
+                 "weights of a type not supported")
     qwen_vocab = os.path.join(a.vectors, "qwen3-vocab.gguf")
     expect_error(bin_, ["info", "-m", qwen_vocab], "token_embd.weight", "vocab-only file as a model")
     expect_error(bin_, ["run", "-m", model, "-f", os.path.join(tmp, "none.txt")], "none.txt",
@@ -293,6 +401,7 @@ def main():
           "--kv-type f16 stays within 1e-3 of f32", "max diff %g of max %g" % (diff, big))
     expect_error(bin_, ["logits", "-m", model, "-p", "x", "-o", out, "--kv-type", "q8"], "--kv-type",
                  "an unknown KV cache type")
+    test_quantize(bin_, a, tmp, model, paragraph)
     env_bad = dict(os.environ, NPUMOE_KERNELS="sse9")
     r = subprocess.run([bin_, "info", "-m", model], capture_output=True, env=env_bad)
     check(r.returncode == 1 and b"sse9" in r.stderr, "a bad NPUMOE_KERNELS is refused",

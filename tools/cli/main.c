@@ -285,10 +285,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!o.model) return fail("no model: give -m FILE%s%s", "", "");
+    if (cmd == CMD_QUANTIZE) return cmd_quantize(&o);
     const char *bad_kernels = NULL;
     if (!nm_kernels_check_env(&bad_kernels))
         return fail("NPUMOE_KERNELS='%s' is not a kernel variant this CPU runs (ref, avx2, "
-                    "avx512, avx512bf16)%s",
+                    "avx512, avx512bf16, avx512vnni, or exact)%s",
                     bad_kernels, "");
     nm_model *model = NULL;
     nm_error err = {0};

@@ -36,7 +36,8 @@ typedef struct option_def {
 #define F(field) offsetof(cli_options, field)
 
 static const option_def option_table[] = {
-    {"model", 'm', KIND_STR, F(model), 0, 0, ALL_MODEL, "FILE", "GGUF model file (required)"},
+    {"model", 'm', KIND_STR, F(model), 0, 0, ALL_MODEL | CMD_QUANTIZE, "FILE",
+     "GGUF model file (required); for quantize, the F32/F16/BF16 input"},
     {"prompt", 'p', KIND_STR, F(prompt), 0, 0, TEXT_IN & ~CMD_BENCH, "TEXT", "prompt text (UTF-8)"},
     {"n-prompt", 'p', KIND_I32, F(n_prompt), 1, 1 << 20, CMD_BENCH, "N",
      "throughput test: prompt processing of N random tokens (pp N), as llama-bench -p"},
@@ -60,7 +61,7 @@ static const option_def option_table[] = {
     {"repeat-last-n", 0, KIND_I32, F(repeat_last_n), 0, 1 << 20, CMD_RUN, "N",
      "window of the repeat penalty (default 64)"},
     {"seed", 0, KIND_U64, F(seed), 0, 0, CMD_RUN, "S", "random seed (default 0)"},
-    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL | CMD_PROFILE, "N",
+    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL | CMD_PROFILE | CMD_QUANTIZE, "N",
      "compute threads (default: online CPUs)"},
     {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL, "N",
      "context size in tokens (default: trained context, at most 4096); for perplexity "
@@ -69,8 +70,13 @@ static const option_def option_table[] = {
      "KV cache element type (default f32; f16 halves its memory)"},
     {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
      "tokens per prefill step (default 512)"},
-    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS | OFFLINE | CMD_BENCH, "FILE",
-     "output: logits (float32 LE), calibration/profile/plan JSON, or the bench report prefix"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS | OFFLINE | CMD_BENCH | CMD_QUANTIZE,
+     "FILE",
+     "output: logits (float32 LE), calibration/profile/plan JSON, the bench report prefix, or "
+     "the quantised GGUF"},
+    {"type", 0, KIND_STR, F(quant_type), 0, 0, CMD_QUANTIZE, "TYPE",
+     "quantisation: q8_0, q4_0, q4_k, q5_k, q6_k, f16, bf16, f32 (every quantisable tensor), "
+     "or the mixes q4_k_m, q5_k_m (llama.cpp's); docs/USAGE.md"},
     {"mode", 0, KIND_STR, F(mode), 0, 0, STATIC, "MODE",
      "MoE prefill mode: dense, naive, tiers, grouped, npumoe (default dense; npumoe with --plan)"},
     {"plan", 0, KIND_STR, F(plan), 0, 0, STATIC, "FILE", "static plan made by npumoe plan"},
@@ -127,7 +133,7 @@ static const option_def option_table[] = {
     {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral",
      "with --chat: use this format instead of recognising the file's template"},
     {"system", 0, KIND_STR, F(system), 0, 0, CMD_RUN, "TEXT", "with --chat: a system message"},
-    {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL, NULL, "show this help"},
+    {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE, NULL, "show this help"},
 };
 
 static const struct {
@@ -165,6 +171,9 @@ static const struct {
      "       npumoe bench -m MODEL [-p N] [-n N] [-r N] [-t N] [--json]",
      "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG); "
      "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
+    {"quantize", CMD_QUANTIZE, "quantize -m IN.gguf -o OUT.gguf --type TYPE [-t N]",
+     "write a quantised (q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m) or converted (f16, bf16, "
+     "f32) copy of an F32/F16/BF16 GGUF model, bytes as llama-quantize makes them"},
 };
 
 int cli_command_from_name(const char *name) {

@@ -19,6 +19,7 @@ enum {
     CMD_PROFILE = 1 << 7,
     CMD_PLAN = 1 << 8,
     CMD_BENCH = 1 << 9,
+    CMD_QUANTIZE = 1 << 10,
 };
 
 typedef struct cli_options {
@@ -65,6 +66,7 @@ typedef struct cli_options {
     const char *cand_compat;   /* compare: the candidate's semantics (default: --compat) */
     const char *chat_template; /* run --chat: chatml | phi3 | mistral, overriding the file's */
     const char *system;        /* run --chat: the system message */
+    const char *quant_type;    /* quantize --type: q8_0, ..., q4_k_m */
     bool chat;
     bool json;
     bool all;

@@ -35,11 +35,11 @@ void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t
         }
         return;
     }
-    NM_ASSERT(w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16 || w->type == NM_DTYPE_Q8_0);
-    /* CONVERT_BLOCK is a whole number of Q8_0 blocks */
-    const size_t block_bytes = w->type == NM_DTYPE_Q8_0
-                                   ? (size_t)CONVERT_BLOCK / NM_Q8_0_BLOCK * NM_Q8_0_BYTES
-                                   : (size_t)CONVERT_BLOCK * 2;
+    NM_ASSERT(nm_dtype_is_supported(w->type));
+    /* CONVERT_BLOCK is a whole number of blocks of every supported type */
+    const nm_dtype_traits *tr = nm_dtype_traits_of(w->type);
+    NM_ASSERT(CONVERT_BLOCK % tr->block_size == 0 && k % tr->block_size == 0);
+    const size_t block_bytes = (size_t)CONVERT_BLOCK / tr->block_size * tr->block_bytes;
     float buf[CONVERT_BLOCK]; /* [CONVERT_BLOCK] one block of one weight row */
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)j * w->row_bytes;

@@ -1,0 +1,589 @@
+/* AVX512-VNNI matmul for quantised weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K):
+ * activations are quantised to int8 in blocks of 32 and multiplied with
+ * vpdpbusd (64 byte products per instruction), as llama.cpp and ik_llama.cpp
+ * do; not exact: each activation moves by up to half its block's step. F32
+ * and F16 weights go to the avx512 variant, BF16 to avx512bf16. Compiled
+ * with -mavx512f/bw/vl/dq -mavx512vnni -mavx512bf16 -mfma -mf16c; only
+ * called when CPUID reports them.
+ *
+ * Activations: block b of a row (32 values x) gets the float scale
+ * d = max|x| / 127 and codes q = nearest-even integer of x * (1 / d) (d and
+ * the codes 0 when d is below FLT_MIN; d NaN when a value is not finite, so
+ * the outputs that read it are NaN). A row's codes depend on that row only.
+ *
+ * Weights: 16 weight rows (outputs) are processed at once, one per 32-bit
+ * lane, with their codes as unsigned bytes (Q8_0 codes + 128, Q4_0 and
+ * K-quant codes as stored); the activation's codes k..k+3 are broadcast to
+ * every lane. A unit of 32 weights (a Q8_0/Q4_0 block, a K-quant sub-block
+ * or pair of Q6_K sub-blocks) meets one activation block; output (i, j) is,
+ * from acc = 0, over the units in order (Q6_K: within each half of a
+ * super-block, units 0, 2, 1, 3, which share their low-bit bytes in pairs):
+ *     Q8_0, Q4_0: acc = fma((float)dot, dw * d, acc)
+ *     Q4_K, Q5_K: acc = fma((float)dot, (dk * sc) * d, acc);
+ *                 acc = fma(dmin * mn, -(d * sum q), acc)
+ *     Q6_K:       acc = fma((float)(sc1 dot1 + sc2 dot2), dk * d, acc)
+ * with dot the exact integer sum of w q over the unit (or its halves), the
+ * codes' offset taken out with the code sums: sum (w + o) q - o sum q.
+ * Integer sums do not depend on their order, so whether the weights are
+ * transposed in registers (one row, or a few) or repacked once into a panel
+ * that many row tiles read, and whatever m and [j0, j1), an output has the
+ * same bits. */
+#if defined(__x86_64__)
+#include "kernels/kernels-impl.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* QB: elements per activation block; NC: outputs per panel (one per lane);
+ * RT_MAX: activation rows per register tile (RT_MAX float and RT_MAX int
+ * accumulators + 8 weight vectors fit the 32 registers). */
+enum { QB = 32, NC = 16, RT_MAX = 6 };
+/* Stack buffers per call (240 KiB in all, no heap): quantised activation
+ * rows (a block of rows over a slice of K: XBUF_BYTES) and one repacked
+ * panel of NC weight rows over a slice of KC_PANEL (80 KiB); a tile that
+ * reads the weights itself takes slices of up to KC_DIRECT. */
+enum { XBUF_BYTES = 160 * 1024, KC_PANEL = 4096, KC_DIRECT = 65536 };
+
+/* Per activation block: the scale d; the offset corrections -o * sum q of
+ * the weight codes' offset o over the block (c) or over its halves (c, c2:
+ * Q6_K); -(d * sum q) for the K-quant mins (f). */
+typedef struct xblock {
+    float d;
+    int32_t c;
+    int32_t c2;
+    float f;
+} xblock;
+
+/* One unit of NC weight rows as vpdpbusd reads them: q[t] lane c holds
+ * codes 4t..4t+3 of row c (unsigned); s lane c its scale (dw; dk * sc for
+ * Q4_K/Q5_K; dk for Q6_K); aux lane c: dmin * mn as float bits (Q4_K,
+ * Q5_K) or the two sub-block scales sc1 | sc2 << 16 (Q6_K). */
+typedef struct wpanel_block {
+    __m512i q[8];
+    __m512 s;
+    __m512i aux;
+} wpanel_block;
+
+/* ---- activation quantisation ---- */
+
+/* n (a multiple of QB) values of x into codes q[n] and blocks meta[n / QB]
+ * for weights of type. */
+static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, xblock *meta) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / QB; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + QB * b), v1 = _mm512_loadu_ps(x + QB * b + 16);
+        const float amax = _mm512_reduce_max_ps(
+            _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+        float d = amax / 127.0f, id = 0.0f;
+        if (!(amax <= FLT_MAX)) /* NaN or infinity */
+            d = NAN;
+        else if (d >= FLT_MIN)
+            id = 1.0f / d;
+        else
+            d = 0.0f;
+        const __m512 idv = _mm512_set1_ps(id);
+        /* cvtps rounds to nearest even (the default MXCSR mode) */
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
+        _mm_storeu_si128((__m128i *)(q + QB * b), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + QB * b + 16), _mm512_cvtepi32_epi8(q1));
+        const int32_t s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+        xblock m = {.d = d};
+        switch (type) {
+        case NM_DTYPE_Q8_0:
+            m.c = -128 * (s0 + s1);
+            break;
+        case NM_DTYPE_Q4_0:
+            m.c = -8 * (s0 + s1);
+            break;
+        case NM_DTYPE_Q6_K:
+            m.c = -32 * s0;
+            m.c2 = -32 * s1;
+            break;
+        default: /* Q4_K, Q5_K */
+            m.f = -(d * (float)(s0 + s1));
+        }
+        meta[b] = m;
+    }
+}
+
+/* ---- weights: NC rows of one block, transposed to lanes ---- */
+
+/* The 16 f16 scales at byte offsets off (lanes) from p, as floats. */
+ALWAYS_INLINE __m512 gather_f16(const uint8_t *p, __m512i off) {
+    const __m512i g = _mm512_i32gather_epi32(off, p, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+}
+
+/* 32 bytes at w + off[c] + at of each of the NC rows, transposed: out[t]
+ * lane c is dword t of row c. Register p < 4 starts as [row p | row p + 4],
+ * p >= 4 as [row p + 4 | row p + 8]; dword then qword interleaves within
+ * 128-bit lanes gather one dword of four rows per lane, z[t] = [t | t + 4
+ * of rows 0-3 | t | t + 4 of rows 4-7] (z[t + 4]: rows 8-15), and 128-bit
+ * shuffles join them in row order. */
+ALWAYS_INLINE void transpose32(const uint8_t *w, const int32_t *off, size_t at, __m512i *out) {
+    __m512i z[8], h[8];
+    for (int p = 0; p < 8; p++) {
+        const int r = p < 4 ? p : p + 4;
+        const __m256i lo = _mm256_loadu_si256((const __m256i *)(w + off[r] + at));
+        const __m256i hi = _mm256_loadu_si256((const __m256i *)(w + off[r + 4] + at));
+        z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    for (int p = 0; p < 8; p += 2) {
+        h[p] = _mm512_unpacklo_epi32(z[p], z[p + 1]);
+        h[p + 1] = _mm512_unpackhi_epi32(z[p], z[p + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {
+        z[g] = _mm512_unpacklo_epi64(h[g], h[g + 2]);
+        z[g + 1] = _mm512_unpackhi_epi64(h[g], h[g + 2]);
+        z[g + 2] = _mm512_unpacklo_epi64(h[g + 1], h[g + 3]);
+        z[g + 3] = _mm512_unpackhi_epi64(h[g + 1], h[g + 3]);
+    }
+    for (int t = 0; t < 4; t++) {
+        out[t] = _mm512_shuffle_i32x4(z[t], z[t + 4], _MM_SHUFFLE(2, 0, 2, 0));
+        out[t + 4] = _mm512_shuffle_i32x4(z[t], z[t + 4], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Block b of the NC rows w + off[c]: Q8_0, codes + 128. */
+ALWAYS_INLINE void fetch_q8_0(const uint8_t *w, const int32_t *off, __m512i voff, int64_t b,
+                              wpanel_block *o) {
+    const size_t at = (size_t)b * NM_Q8_0_BYTES;
+    transpose32(w, off, at + 2, o->q);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int t = 0; t < 8; t++)
+        o->q[t] = _mm512_xor_si512(o->q[t], flip);
+    o->s = gather_f16(w + at, voff);
+}
+
+/* Q4_0: register p starts as [row p | p + 4 | p + 8 | p + 12] (4 dwords of
+ * packed nibbles each); dword then qword interleaves leave in register t
+ * dword t of every row in order, whose low nibbles are codes 4t.. and high
+ * nibbles 16 + 4t.. */
+ALWAYS_INLINE void fetch_q4_0(const uint8_t *w, const int32_t *off, __m512i voff, int64_t b,
+                              wpanel_block *o) {
+    const size_t at = (size_t)b * NM_Q4_0_BYTES;
+    __m512i r[4];
+    for (int p = 0; p < 4; p++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w + off[p] + at + 2)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 4] + at + 2)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 8] + at + 2)), 2);
+        r[p] =
+            _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 12] + at + 2)), 3);
+    }
+    const __m512i lo01 = _mm512_unpacklo_epi32(r[0], r[1]),
+                  hi01 = _mm512_unpackhi_epi32(r[0], r[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi32(r[2], r[3]),
+                  hi23 = _mm512_unpackhi_epi32(r[2], r[3]);
+    r[0] = _mm512_unpacklo_epi64(lo01, lo23);
+    r[1] = _mm512_unpackhi_epi64(lo01, lo23);
+    r[2] = _mm512_unpacklo_epi64(hi01, hi23);
+    r[3] = _mm512_unpackhi_epi64(hi01, hi23);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (int t = 0; t < 4; t++) {
+        o->q[t] = _mm512_and_si512(r[t], nib);
+        o->q[t + 4] = _mm512_and_si512(_mm512_srli_epi32(r[t], 4), nib);
+    }
+    o->s = gather_f16(w + at, voff);
+}
+
+/* The 32-bit words at byte at of the NC rows (lanes). */
+ALWAYS_INLINE __m512i gather32(const uint8_t *w, __m512i voff, size_t at) {
+    return _mm512_i32gather_epi32(voff, w + at, 1);
+}
+
+ALWAYS_INLINE __m512 half_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+
+/* Sub-block scales and mins of a Q4_K/Q5_K super-block at byte at of each
+ * row: ds[j] = dk * sc_j, ms[j] = dmin * mn_j (as the dequantisation rounds
+ * them). The 6-bit fields of the 12 bytes (nm_k4_scale_min) as three words
+ * a0..a2 per lane: byte j of a0 holds sc_j (j < 4) and the top bits of
+ * sc_{j+4} in bits 6-7; a1 the same for the mins; byte j of a2 the low
+ * nibbles of sc_{j+4} (low) and mn_{j+4} (high). */
+ALWAYS_INLINE void k4_scales(const uint8_t *w, __m512i voff, size_t at, __m512 *ds, __m512 *ms) {
+    const __m512i dd = gather32(w, voff, at);
+    const __m512i a0 = gather32(w, voff, at + 4), a1 = gather32(w, voff, at + 8),
+                  a2 = gather32(w, voff, at + 12);
+    const __m512 dk = half_lo(dd), dmin = half_lo(_mm512_srli_epi32(dd, 16));
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    for (int j = 0; j < 4; j++) {
+        const __m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(a0, 8 * j), m6);
+        const __m512i mn_lo = _mm512_and_si512(_mm512_srli_epi32(a1, 8 * j), m6);
+        const __m512i sc_hi = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32(a2, 8 * j), m4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a0, 8 * j + 6), m2), 4));
+        const __m512i mn_hi = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32(a2, 8 * j + 4), m4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a1, 8 * j + 6), m2), 4));
+        ds[j] = _mm512_mul_ps(dk, _mm512_cvtepi32_ps(sc_lo));
+        ms[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn_lo));
+        ds[j + 4] = _mm512_mul_ps(dk, _mm512_cvtepi32_ps(sc_hi));
+        ms[j + 4] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn_hi));
+    }
+}
+
+/* ---- K-quants: a super-block's unit scales first, then its codes in four
+ * parts of two units each, so that one row's tile can use each part's codes
+ * from registers ---- */
+
+ALWAYS_INLINE size_t kq_bytes(uint32_t type) {
+    return type == NM_DTYPE_Q4_K   ? NM_Q4_K_BYTES
+           : type == NM_DTYPE_Q5_K ? NM_Q5_K_BYTES
+                                   : NM_Q6_K_BYTES;
+}
+
+/* Unit i (0, 1) of part p: Q4_K/Q5_K sub-blocks 2p, 2p + 1 (one 32-byte
+ * read gives both); Q6_K, half p / 2, units j and j + 2 with j = p % 2
+ * (they share their ql bytes). */
+ALWAYS_INLINE int kq_unit(uint32_t type, int p, int i) {
+    return type == NM_DTYPE_Q6_K ? 4 * (p / 2) + p % 2 + 2 * i : 2 * p + i;
+}
+
+/* The scales of super-block sb's eight units into o[u].s and o[u].aux;
+ * for Q5_K also its qh bytes transposed into h[8]. */
+ALWAYS_INLINE void kq_scales(uint32_t type, const uint8_t *w, const int32_t *off, __m512i voff,
+                             int64_t sb, wpanel_block *o, __m512i *h) {
+    const size_t at = (size_t)sb * kq_bytes(type);
+    if (type != NM_DTYPE_Q6_K) {
+        __m512 ds[8], ms[8];
+        k4_scales(w, voff, at, ds, ms);
+        for (int j = 0; j < 8; j++) {
+            o[j].s = ds[j];
+            o[j].aux = _mm512_castps_si512(ms[j]);
+        }
+        if (type == NM_DTYPE_Q5_K) transpose32(w, off, at + 4 + NM_K_SCALES_BYTES, h);
+        return;
+    }
+    /* Q6_K: dk is the last two bytes (read the word ending there); unit u
+     * of half h uses scales 8h + 2u and 8h + 2u + 1, bytes 2u % 4 and
+     * 2u % 4 + 1 of scale word (8h + 2u) / 4 */
+    const __m512 dk = half_lo(_mm512_srli_epi32(gather32(w, voff, at + NM_Q6_K_BYTES - 4), 16));
+    for (int u = 0; u < 8; u++) {
+        const int k = 2 * u;
+        const __m512i wsc = gather32(w, voff, at + 192 + 4 * (k / 4));
+        const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(wsc, 24 - 8 * (k % 4)), 24);
+        const __m512i s2 = _mm512_srai_epi32(_mm512_slli_epi32(wsc, 16 - 8 * (k % 4)), 24);
+        o[u].aux = _mm512_or_si512(_mm512_and_si512(s1, _mm512_set1_epi32(0xffff)),
+                                   _mm512_slli_epi32(s2, 16));
+        o[u].s = dk;
+    }
+}
+
+/* The codes of part p of super-block sb: units kq_unit(type, p, 0) into q0
+ * and kq_unit(type, p, 1) into q1.
+ * Q4_K: sub-block pair p reads qs[32p..], low nibbles for sub-block 2p, high
+ *   ones for 2p + 1.
+ * Q5_K: as Q4_K, plus 16 where bit j of qh[l] is set (element l of
+ *   sub-block j; h: qh transposed).
+ * Q6_K: in half h, unit g takes the low (g < 2) or high nibbles of
+ *   ql[64h + 32 (g & 1)..] and bits 2g..2g+1 of qh[32h..] above them. */
+ALWAYS_INLINE void kq_codes(uint32_t type, const uint8_t *w, const int32_t *off, int64_t sb, int p,
+                            const __m512i *h, __m512i *q0, __m512i *q1) {
+    const size_t at = (size_t)sb * kq_bytes(type);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512i v[8];
+    if (type == NM_DTYPE_Q6_K) {
+        const int half = p / 2, j = p % 2;
+        __m512i hq[8];
+        transpose32(w, off, at + 64 * half + 32 * j, v);
+        transpose32(w, off, at + 128 + 32 * half, hq);
+        const __m512i top = _mm512_set1_epi8(0x30);
+        for (int t = 0; t < 8; t++) {
+            /* bits 2g, 2g + 1 of each qh byte moved to bits 4, 5 (g = j, j + 2) */
+            const __m512i h0 = _mm512_slli_epi32(hq[t], 4 - 2 * j);
+            const __m512i h1 = j == 0 ? hq[t] : _mm512_srli_epi32(hq[t], 2);
+            q0[t] = _mm512_or_si512(_mm512_and_si512(v[t], nib), _mm512_and_si512(h0, top));
+            q1[t] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v[t], 4), nib),
+                                    _mm512_and_si512(h1, top));
+        }
+        return;
+    }
+    transpose32(w, off,
+                at + 4 + NM_K_SCALES_BYTES + (type == NM_DTYPE_Q5_K ? NM_QK_K / 8 : 0) + 32 * p, v);
+    for (int t = 0; t < 8; t++) {
+        q0[t] = _mm512_and_si512(v[t], nib);
+        q1[t] = _mm512_and_si512(_mm512_srli_epi32(v[t], 4), nib);
+        if (type == NM_DTYPE_Q5_K) {
+            /* bit j of each qh byte moved to bit 4, j = 2p, 2p + 1 */
+            const __m512i bit4 = _mm512_set1_epi8(0x10);
+            const __m512i h0 = 2 * p <= 4 ? _mm512_slli_epi32(h[t], 4 - 2 * p)
+                                          : _mm512_srli_epi32(h[t], 2 * p - 4);
+            const __m512i h1 = 2 * p + 1 <= 4 ? _mm512_slli_epi32(h[t], 3 - 2 * p)
+                                              : _mm512_srli_epi32(h[t], 2 * p - 3);
+            q0[t] = _mm512_or_si512(q0[t], _mm512_and_si512(h0, bit4));
+            q1[t] = _mm512_or_si512(q1[t], _mm512_and_si512(h1, bit4));
+        }
+    }
+}
+
+/* Super-block sb of a K-quant into o[8]. */
+ALWAYS_INLINE void fetch_kq(uint32_t type, const uint8_t *w, const int32_t *off, __m512i voff,
+                            int64_t sb, wpanel_block *o) {
+    __m512i h[8];
+    kq_scales(type, w, off, voff, sb, o, h);
+    for (int p = 0; p < 4; p++)
+        kq_codes(type, w, off, sb, p, h, o[kq_unit(type, p, 0)].q, o[kq_unit(type, p, 1)].q);
+}
+
+/* Units of 32 weights one fetch gives: a block, or a K-quant super-block. */
+ALWAYS_INLINE int units_per_fetch(uint32_t type) {
+    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 1 : NM_QK_K / QB;
+}
+
+/* Bytes of one row that one fetch reads. */
+ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
+    switch (type) {
+    case NM_DTYPE_Q8_0:
+        return NM_Q8_0_BYTES;
+    case NM_DTYPE_Q4_0:
+        return NM_Q4_0_BYTES;
+    case NM_DTYPE_Q4_K:
+        return NM_Q4_K_BYTES;
+    case NM_DTYPE_Q5_K:
+        return NM_Q5_K_BYTES;
+    default:
+        return NM_Q6_K_BYTES;
+    }
+}
+
+/* Fetch g (block or super-block) of the NC rows into o[units_per_fetch]. */
+ALWAYS_INLINE void fetch(uint32_t type, const uint8_t *w, const int32_t *off, __m512i voff,
+                         int64_t g, wpanel_block *o) {
+    switch (type) {
+    case NM_DTYPE_Q8_0:
+        fetch_q8_0(w, off, voff, g, o);
+        return;
+    case NM_DTYPE_Q4_0:
+        fetch_q4_0(w, off, voff, g, o);
+        return;
+    default:
+        fetch_kq(type, w, off, voff, g, o);
+        return;
+    }
+}
+
+/* acc += one unit of weights (codes q[8], scale s, aux as in wpanel_block)
+ * times one activation block (xr: its codes). */
+ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i aux,
+                              const int8_t *xr, const xblock *xb, __m512 acc) {
+    /* Q6_K: one sum per half, each has its own scale */
+    const int halves = type == NM_DTYPE_Q6_K;
+    __m512i dots[2] = {_mm512_set1_epi32(xb->c), _mm512_set1_epi32(xb->c2)};
+    for (int t = 0; t < 8; t++) {
+        int32_t x4;
+        memcpy(&x4, xr + 4 * t, 4);
+        const int c = halves ? t / 4 : 0;
+        dots[c] = _mm512_dpbusd_epi32(dots[c], q[t], _mm512_set1_epi32(x4));
+    }
+    __m512i dot;
+    if (type == NM_DTYPE_Q6_K) {
+        const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(aux, 16), 16);
+        const __m512i s2 = _mm512_srai_epi32(aux, 16);
+        dot = _mm512_add_epi32(_mm512_mullo_epi32(dots[0], s1), _mm512_mullo_epi32(dots[1], s2));
+    } else {
+        dot = dots[0];
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(xb->d)), acc);
+    if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
+        acc = _mm512_fmadd_ps(_mm512_castsi512_ps(aux), _mm512_set1_ps(xb->f), acc);
+    return acc;
+}
+
+/* ---- the register tile: rt activation rows x NC outputs over nb units ----
+ * Weights come transposed in registers (panel NULL) or from a panel. acc
+ * starts at 0 for the first slice of K, else from y (the partial sums of
+ * the slices before: a float stored and reloaded is the same float). pf:
+ * the start of the next NC rows, prefetched meanwhile (or NULL). */
+ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, const uint8_t *w,
+                        const int32_t *off, __m512i voff, const int8_t *xq, int64_t ldq,
+                        const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
+                        __mmask16 cmask, int first, const uint8_t *pf) {
+    enum { G_MAX = NM_QK_K / QB };
+    const int g_units = units_per_fetch(type);
+    const int npf = (int)((NC * fetch_bytes(type) + 63) / 64); /* lines per fetch */
+    __m512 acc[RT_MAX];
+    for (int r = 0; r < rt; r++)
+        acc[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
+    for (int64_t g = 0; g < nb / g_units; g++) {
+        if (pf)
+            for (int l = 0; l < npf; l++)
+                _mm_prefetch((const char *)pf + (g * npf + l) * 64, _MM_HINT_T1);
+        if (g_units > 1 && !panel) {
+            /* a K-quant super-block read here: scales once, then each
+             * part's codes used from registers */
+            wpanel_block sc[G_MAX];
+            __m512i h[8];
+            kq_scales(type, w, off, voff, g, sc, h);
+            for (int p = 0; p < 4; p++) {
+                __m512i q[2][8];
+                kq_codes(type, w, off, g, p, h, q[0], q[1]);
+                for (int i = 0; i < 2; i++) {
+                    const int u = kq_unit(type, p, i);
+                    const int64_t b = g * g_units + u;
+                    for (int r = 0; r < rt; r++)
+                        acc[r] = unit_dot(type, q[i], sc[u].s, sc[u].aux, xq + r * ldq + QB * b,
+                                          &xm[r * ldm + b], acc[r]);
+                }
+            }
+            continue;
+        }
+        wpanel_block tmp[G_MAX];
+        const wpanel_block *wb = tmp;
+        if (panel)
+            wb = panel + g * g_units;
+        else
+            fetch(type, w, off, voff, g, tmp);
+        for (int ui = 0; ui < g_units; ui++) {
+            /* K-quant units in the order the register path uses them */
+            const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
+            const int64_t b = g * g_units + u;
+            for (int r = 0; r < rt; r++)
+                acc[r] = unit_dot(type, wb[u].q, wb[u].s, wb[u].aux, xq + r * ldq + QB * b,
+                                  &xm[r * ldm + b], acc[r]);
+        }
+    }
+    for (int r = 0; r < rt; r++)
+        _mm512_mask_storeu_ps(y + r * ldy, cmask, acc[r]);
+}
+
+/* Tile heights with constant bounds, so the accumulators live in registers. */
+ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, const uint8_t *w,
+                           const int32_t *off, __m512i voff, const int8_t *xq, int64_t ldq,
+                           const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
+                           __mmask16 cmask, int first, const uint8_t *pf) {
+#define NM_TILE(R)                                                                                 \
+    tile(type, R, panel, w, off, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf)
+    switch (rt) {
+    case 6:
+        NM_TILE(6);
+        return;
+    case 5:
+        NM_TILE(5);
+        return;
+    case 4:
+        NM_TILE(4);
+        return;
+    case 3:
+        NM_TILE(3);
+        return;
+    case 2:
+        NM_TILE(2);
+        return;
+    default:
+        NM_TILE(1);
+        return;
+    }
+#undef NM_TILE
+}
+
+/* Dispatches on whether the weights come from a panel, so the register
+ * path's loads are not behind a run-time test in the block loop. */
+ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, const uint8_t *w,
+                            const int32_t *off, __m512i voff, const int8_t *xq, int64_t ldq,
+                            const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
+                            __mmask16 cmask, int first, const uint8_t *pf) {
+    if (panel)
+        tile_rt(type, rt, panel, NULL, NULL, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first,
+                NULL);
+    else if (pf)
+        tile_rt(type, rt, NULL, w, off, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
+    else
+        tile_rt(type, rt, NULL, w, off, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
+}
+
+ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
+                            float *y, int64_t ldy, int64_t j0, int64_t j1) {
+    const int64_t k = w->k;
+    const int64_t fetch_k = QB * units_per_fetch(type); /* elements per fetch */
+    NM_ASSERT(k % fetch_k == 0);
+    NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
+    /* Several row tiles share a panel, repacked once per row block; one tile
+     * (m <= RT_MAX) transposes the weights in registers as it goes. */
+    const int use_panel = m > RT_MAX;
+    const int64_t kc =
+        k < (use_panel ? KC_PANEL : KC_DIRECT) ? k : (use_panel ? KC_PANEL : KC_DIRECT);
+    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
+    int64_t rb = XBUF_BYTES / row_q_bytes;
+    if (rb > RT_MAX) rb = rb / RT_MAX * RT_MAX;
+    _Alignas(64) uint8_t xbuf[XBUF_BYTES];          /* [rb][kc] codes, then [rb][kc / QB] blocks */
+    _Alignas(64) wpanel_block panel[KC_PANEL / QB]; /* [kc / QB] blocks of NC rows */
+    for (int64_t k0 = 0; k0 < k; k0 += kc) {
+        const int64_t kn = k - k0 < kc ? k - k0 : kc, nb = kn / QB;
+        for (int64_t i0 = 0; i0 < m; i0 += rb) {
+            const int64_t i1 = i0 + rb < m ? i0 + rb : m;
+            int8_t *xq = (int8_t *)xbuf;
+            xblock *xm = (xblock *)(xbuf + (i1 - i0) * kn);
+            for (int64_t i = i0; i < i1; i++)
+                quantise_row(type, x + i * ldx + k0, kn, xq + (i - i0) * kn, xm + (i - i0) * nb);
+            for (int64_t j = j0; j < j1; j += NC) {
+                const int ct = (int)(j1 - j < NC ? j1 - j : NC);
+                int32_t off[NC]; /* byte offset of each lane's row; lanes past ct repeat the last */
+                for (int c = 0; c < NC; c++)
+                    off[c] = (int32_t)((size_t)(c < ct ? c : ct - 1) * w->row_bytes);
+                const __m512i voff = _mm512_loadu_si512(off);
+                const uint8_t *wj = (const uint8_t *)w->data + (size_t)j * w->row_bytes +
+                                    (size_t)(k0 / fetch_k) * fetch_bytes(type);
+                const __mmask16 cmask = (__mmask16)((1u << ct) - 1);
+                /* A tile that reads the weights itself (one row, or a few)
+                 * reads its NC rows as NC short streams, which the hardware
+                 * prefetchers follow badly; the next NC rows (contiguous when
+                 * the slice is whole rows) are prefetched into L2 meanwhile,
+                 * in one sweep. Measured (bench/kernels.c, Q8_0 1 x 16384 x
+                 * 2048): 2.5 ms without, 2.5-3.2 ms into L1, 1.1-1.4 ms into L2. */
+                const uint8_t *pf =
+                    !use_panel && kn == k && j + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
+                if (use_panel)
+                    for (int64_t g = 0; g < kn / fetch_k; g++)
+                        fetch(type, wj, off, voff, g, &panel[g * units_per_fetch(type)]);
+                for (int64_t i = i0; i < i1; i += RT_MAX) {
+                    const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
+                    tile_src(type, rt, use_panel ? panel : NULL, wj, off, voff, xq + (i - i0) * kn,
+                             kn, xm + (i - i0) * nb, nb, nb, y + i * ldy + j, ldy, cmask, k0 == 0,
+                             pf);
+                }
+            }
+        }
+    }
+}
+
+bool nm_matmul_avx512vnni_quantises(uint32_t type) {
+    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K ||
+           type == NM_DTYPE_Q5_K || type == NM_DTYPE_Q6_K;
+}
+
+void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                                  int64_t ldy, int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
+    switch (w->type) {
+    case NM_DTYPE_Q8_0:
+        matmul_q(NM_DTYPE_Q8_0, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q4_0:
+        matmul_q(NM_DTYPE_Q4_0, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q4_K:
+        matmul_q(NM_DTYPE_Q4_K, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q5_K:
+        matmul_q(NM_DTYPE_Q5_K, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q6_K:
+        matmul_q(NM_DTYPE_Q6_K, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_BF16:
+        nm_matmul_avx512bf16_forward(w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    default:
+        nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
+    }
+}
+#else
+typedef int nm_avx512vnni_unused; /* an empty translation unit is not ISO C */
+#endif
