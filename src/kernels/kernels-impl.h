@@ -5,6 +5,8 @@
 #define NM_KERNELS_IMPL_H
 
 #include "kernels.h"
+
+#include "base/base.h"
 #include "tensor/tensor.h"
 
 /* Q4_0 and the K-quants: the variants widen such rows NM_QUANT_CHUNK
@@ -29,6 +31,44 @@ static inline size_t nm_quant_chunk_bytes(uint32_t type) {
         return NM_Q6_K_BYTES;
     }
 }
+
+/* The switch over every weight type a float-path variant computes with:
+ * MATMUL(T), an always-inline kernel call, is expanded once per type with T
+ * a constant, so the compiler specialises the kernel for each type. Rows
+ * must be whole blocks. */
+#define NM_KERNELS_FOR_EACH_TYPE(w, MATMUL)                                                        \
+    do {                                                                                           \
+        const nm_dtype_traits *traits_ = nm_dtype_traits_of((w)->type);                            \
+        NM_ASSERT(traits_ && (w)->k % traits_->block_size == 0);                                   \
+        switch ((w)->type) {                                                                       \
+        case NM_DTYPE_F32:                                                                         \
+            MATMUL(NM_DTYPE_F32);                                                                  \
+            break;                                                                                 \
+        case NM_DTYPE_F16:                                                                         \
+            MATMUL(NM_DTYPE_F16);                                                                  \
+            break;                                                                                 \
+        case NM_DTYPE_BF16:                                                                        \
+            MATMUL(NM_DTYPE_BF16);                                                                 \
+            break;                                                                                 \
+        case NM_DTYPE_Q8_0:                                                                        \
+            MATMUL(NM_DTYPE_Q8_0);                                                                 \
+            break;                                                                                 \
+        case NM_DTYPE_Q4_0:                                                                        \
+            MATMUL(NM_DTYPE_Q4_0);                                                                 \
+            break;                                                                                 \
+        case NM_DTYPE_Q4_K:                                                                        \
+            MATMUL(NM_DTYPE_Q4_K);                                                                 \
+            break;                                                                                 \
+        case NM_DTYPE_Q5_K:                                                                        \
+            MATMUL(NM_DTYPE_Q5_K);                                                                 \
+            break;                                                                                 \
+        case NM_DTYPE_Q6_K:                                                                        \
+            MATMUL(NM_DTYPE_Q6_K);                                                                 \
+            break;                                                                                 \
+        default:                                                                                   \
+            NM_ASSERT(!"matmul: unsupported weight type");                                         \
+        }                                                                                          \
+    } while (0)
 
 void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                            int64_t ldy, int64_t j0, int64_t j1);

@@ -510,39 +510,9 @@ ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, i
 void nm_matmul_avx512_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                               int64_t ldy, int64_t j0, int64_t j1) {
     NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
-    switch (w->type) {
-    case NM_DTYPE_F32:
-        matmul_type(NM_DTYPE_F32, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_F16:
-        matmul_type(NM_DTYPE_F16, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_BF16:
-        matmul_type(NM_DTYPE_BF16, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q8_0:
-        NM_ASSERT(w->k % NM_Q8_0_BLOCK == 0);
-        matmul_type(NM_DTYPE_Q8_0, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q4_0:
-        NM_ASSERT(w->k % NM_Q4_0_BLOCK == 0);
-        matmul_type(NM_DTYPE_Q4_0, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q4_K:
-        NM_ASSERT(w->k % NM_QK_K == 0);
-        matmul_type(NM_DTYPE_Q4_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q5_K:
-        NM_ASSERT(w->k % NM_QK_K == 0);
-        matmul_type(NM_DTYPE_Q5_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q6_K:
-        NM_ASSERT(w->k % NM_QK_K == 0);
-        matmul_type(NM_DTYPE_Q6_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    default:
-        NM_ASSERT(!"nm_matmul_avx512_forward: unsupported type");
-    }
+#define MATMUL(T) matmul_type(T, w, x, ldx, m, y, ldy, j0, j1)
+    NM_KERNELS_FOR_EACH_TYPE(w, MATMUL);
+#undef MATMUL
 }
 
 static float dot16(const float *a, const float *b, int n) {

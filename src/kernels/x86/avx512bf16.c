@@ -21,7 +21,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-enum { RT_MAX = 4, CT_MAX = 4, GEMV_CT = 8, L2_ROW_BLOCK_BYTES = 512 * 1024, XB_ELEMS = 64 * 1024 };
+enum { RT_MAX = 4, CT_MAX = 4, L2_ROW_BLOCK_BYTES = 512 * 1024, XB_ELEMS = 64 * 1024 };
 
 /* 32 activations from element kk as bfloat16 pairs; lanes past n are 0. */
 ALWAYS_INLINE __m512bh load_x32(const float *x, int64_t n_left) {
@@ -55,7 +55,7 @@ ALWAYS_INLINE __m512bh load_w32(uint32_t type, const uint8_t *row, int64_t kk, i
  * operations for every tile shape. */
 ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
                         const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
-    __m512 acc[RT_MAX][GEMV_CT];
+    __m512 acc[RT_MAX][CT_MAX];
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
             acc[r][c] = _mm512_setzero_ps();
@@ -142,10 +142,18 @@ ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, i
     const uint8_t *base = w->data;
     const size_t rb_bytes = w->row_bytes;
     if (m == 1) {
-        int64_t j = j0;
-        for (; j + GEMV_CT <= j1; j += GEMV_CT)
-            tile(type, 1, GEMV_CT, x, ldx, base + (size_t)j * rb_bytes, rb_bytes, k, y + j, ldy);
-        for (; j < j1; j++)
+        /* weight rows one after another: one linear stream (see avx512.c);
+         * BF16 rows against the activations rounded once (not per row) */
+        const int64_t ldb = (k + 31) / 32 * 32;
+        if (type == NM_DTYPE_BF16 && ldb <= XB_ELEMS) {
+            uint16_t xb[XB_ELEMS]; /* [ldb] the row in bfloat16 */
+            for (int64_t kk = 0; kk < ldb; kk += 32)
+                _mm512_storeu_si512(xb + kk, (__m512i)load_x32(x + kk, k - kk));
+            for (int64_t j = j0; j < j1; j++)
+                tile_pre(1, 1, xb, ldb, base + (size_t)j * rb_bytes, rb_bytes, k, y + j, ldy);
+            return;
+        }
+        for (int64_t j = j0; j < j1; j++)
             tile(type, 1, 1, x, ldx, base + (size_t)j * rb_bytes, rb_bytes, k, y + j, ldy);
         return;
     }
