@@ -2,6 +2,7 @@
 #include "harness.h"
 
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -304,4 +305,14 @@ void nm_test_run_greedy(nm_session *s, const int32_t *ids, int n, int n_decode, 
         CHECK_INT_EQ(nm_session_eval(s, &next, 1, row, false, &err), NM_OK);
         last = row;
     }
+}
+
+bool nm_test_kernels_from_env(void) {
+    const char *bad = NULL;
+    if (!nm_kernels_check_env(&bad)) {
+        printf("NPUMOE_KERNELS=%s is not available here: skipped\n", bad);
+        return false;
+    }
+    printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
+    return true;
 }

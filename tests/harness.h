@@ -81,6 +81,11 @@ nm_session *nm_test_new_session(nm_model *m, int n_batch, int n_threads);
 /* Rows of logits: the largest nm_test_row_rel_err of rows rows of n values. */
 double nm_test_rows_rel_err(const float *got, const float *want, size_t rows, int n);
 
+/* Applies NPUMOE_KERNELS (nm_kernels_check_env) and prints the variant in
+ * use; false, after a "skipped" line, when the variant it names is not
+ * available here: the test then exits 77, CTest's code for skipped. */
+bool nm_test_kernels_from_env(void);
+
 /* ---- the static modes (test_static, test_static_arch) ---- */
 
 enum { NM_TEST_MAX_LAYER = 4, NM_TEST_MAX_EXPERT = 16 };

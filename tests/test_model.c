@@ -17,12 +17,7 @@
 enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24 };
 
 int main(void) {
-    const char *bad_env = NULL;
-    if (!nm_kernels_check_env(&bad_env)) {
-        printf("NPUMOE_KERNELS=%s is not available here: skipped\n", bad_env);
-        return 77;
-    }
-    printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
+    if (!nm_test_kernels_from_env()) return 77;
     nm_model *m = NULL;
     nm_error err = {0};
     nm_status st = nm_model_load(VEC "model.gguf", NULL, &m, &err);

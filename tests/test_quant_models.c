@@ -165,12 +165,7 @@ static void check_model(int mi, float *logits) {
 }
 
 int main(void) {
-    const char *bad_env = NULL;
-    if (!nm_kernels_check_env(&bad_env)) {
-        printf("NPUMOE_KERNELS=%s is not available here: skipped\n", bad_env);
-        return 77;
-    }
-    printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
+    if (!nm_test_kernels_from_env()) return 77;
     float *logits = malloc((size_t)MAX_IDS * 4099 * sizeof(float));
     for (int mi = 0; mi < 4; mi++)
         check_model(mi, logits);
