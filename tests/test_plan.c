@@ -326,6 +326,18 @@ static nm_profile make_profile(double dispatch, double per_row) {
     return p;
 }
 
+/* The overhead is the step's time beyond the per-expert fit, never < 0. */
+static void test_profile_overhead(void) {
+    nm_profile p = make_profile(0.01, 0.001); /* host: 0.05 per expert + 0.01 per row */
+    const int32_t loads[4] = {3, 0, 5, 1};    /* fit: 3 x 0.05 + 9 x 0.01 = 0.24 */
+    nm_profile_set_overhead(&p, 32, 0.5, loads, 4);
+    CHECK_INT_EQ(p.chunk, 32);
+    CHECK_NEAR(p.host_overhead_ms, 0.26, 1e-12);
+    nm_profile_set_overhead(&p, 16, 0.2, loads, 4);
+    CHECK_INT_EQ(p.chunk, 16);
+    CHECK_NEAR(p.host_overhead_ms, 0, 0);
+}
+
 static void test_profile_files(void) {
     nm_profile p = make_profile(0.0123456789, 0.000987654321);
     p.chunk = 48;
@@ -1134,7 +1146,18 @@ static void test_end_to_end(nm_model *m) {
     if (dev && pool) {
         nm_status st = nm_device_profile(dev, &m->layers[0].experts, m->hp.n_embd, m->hp.n_ff_exp,
                                          counts, 3, caps, 3, 3, pool, NULL, NULL, &prof, &err);
-        if (st == NM_OK) st = nm_model_profile_overhead(m, pool, T, 3, &prof, &err);
+        double step_ms = 0;
+        int32_t loads[64];
+        CHECK(m->hp.n_expert <= 64);
+        if (st == NM_OK) st = nm_model_time_host_step(m, pool, T, 3, &step_ms, loads, &err);
+        if (st == NM_OK) {
+            CHECK(step_ms > 0 && step_ms < 1e3);
+            int64_t rows = 0;
+            for (int32_t e = 0; e < m->hp.n_expert; e++)
+                rows += loads[e];
+            CHECK_INT_EQ(rows, (int64_t)T * m->hp.n_expert_used);
+            nm_profile_set_overhead(&prof, T, step_ms, loads, m->hp.n_expert);
+        }
         if (st) fprintf(stderr, "profile: %s\n", err.msg);
         CHECK_INT_EQ(st, NM_OK);
         CHECK_INT_EQ(prof.chunk, T);
@@ -1204,6 +1227,7 @@ int main(void) {
     if (c) {
         test_calib_stats(tiny, &raw, c);
         test_calib_files(tiny, c);
+        test_profile_overhead();
         test_profile_files();
         test_planner_known(tiny);
         test_planner_refusals(tiny, other, c);

@@ -111,9 +111,9 @@ typedef struct nm_profile {
     /* What the host's MoE step of one layer costs per chunk beyond its
      * expert FFNs as fitted above (dispatch table, gathering and scattering
      * rows, combine, threads finishing unevenly, caches holding other
-     * layers): measured over a chunk of `chunk` tokens after
-     * nm_device_profile, by nm_model_profile_overhead (model.h), which needs
-     * the whole model; never below 0. */
+     * layers) over a chunk of `chunk` tokens: nm_profile_set_overhead from
+     * a step timed by nm_model_time_host_step (model.h, which needs the
+     * whole model); never below 0. */
     int32_t chunk;
     double host_overhead_ms;
     int32_t n_points;
@@ -134,5 +134,13 @@ nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t 
                             nm_pool *host_pool, void (*progress)(void *ctx, int done, int total),
                             void *progress_ctx, nm_profile *out, nm_error *err);
 void nm_profile_free(nm_profile *p);
+
+/* Sets p->chunk and p->host_overhead_ms from the host's MoE step of one
+ * layer over a chunk of `chunk` tokens, timed whole (step_ms) with the rows
+ * each of the n_expert experts received (loads): the part of step_ms that
+ * p's per-expert fit (host_expert_ms + host_row_ms per row of each active
+ * expert) does not predict, at least 0. */
+void nm_profile_set_overhead(nm_profile *p, int32_t chunk, double step_ms, const int32_t *loads,
+                             int32_t n_expert);
 
 #endif /* NM_DEVICE_H */

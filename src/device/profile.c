@@ -288,3 +288,13 @@ void nm_profile_free(nm_profile *p) {
     p->points = NULL;
     p->n_points = 0;
 }
+
+void nm_profile_set_overhead(nm_profile *p, int32_t chunk, double step_ms, const int32_t *loads,
+                             int32_t n_expert) {
+    NM_ASSERT(p && chunk >= 1 && loads && n_expert >= 1);
+    double fit_ms = 0;
+    for (int32_t e = 0; e < n_expert; e++)
+        if (loads[e] > 0) fit_ms += p->host_expert_ms + p->host_row_ms * loads[e];
+    p->chunk = chunk;
+    p->host_overhead_ms = step_ms > fit_ms ? step_ms - fit_ms : 0.0;
+}

@@ -263,30 +263,16 @@ void nm_model_describe(const nm_model *model, void *file) {
     }
 }
 
-nm_status nm_model_profile_overhead(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
-                                    nm_profile *profile, nm_error *err) {
-    NM_ASSERT(m && pool && chunk >= 1 && reps >= 1 && profile);
+nm_status nm_model_time_host_step(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
+                                  double *ms, int32_t *loads, nm_error *err) {
+    NM_ASSERT(m && pool && chunk >= 1 && reps >= 1 && ms && loads);
     const nm_hparams *hp = &m->hp;
     const nm_expert_weights **layers = nm_malloc((size_t)hp->n_layer * sizeof *layers);
-    int32_t *loads = nm_malloc((size_t)hp->n_expert * sizeof *loads);
-    nm_status st = NM_OK;
-    if (!layers || !loads) {
-        st = nm_errorf(err, NM_ERR_NOMEM, "out of memory measuring the host MoE step");
-        goto out;
-    }
+    if (!layers) return nm_errorf(err, NM_ERR_NOMEM, "out of memory measuring the host MoE step");
     for (int32_t l = 0; l < hp->n_layer; l++)
         layers[l] = &m->layers[l].experts;
-    double ms;
-    st = nm_moe_time_host_layer(pool, layers, hp->n_layer, hp->n_embd, hp->n_ff_exp, chunk,
-                                hp->n_expert_used, 4 * reps, &ms, loads, err);
-    if (st) goto out;
-    double fit_ms = 0;
-    for (int32_t e = 0; e < hp->n_expert; e++)
-        if (loads[e] > 0) fit_ms += profile->host_expert_ms + profile->host_row_ms * loads[e];
-    profile->chunk = chunk;
-    profile->host_overhead_ms = ms > fit_ms ? ms - fit_ms : 0.0;
-out:
+    nm_status st = nm_moe_time_host_layer(pool, layers, hp->n_layer, hp->n_embd, hp->n_ff_exp,
+                                          chunk, hp->n_expert_used, reps, ms, loads, err);
     nm_free(layers);
-    nm_free(loads);
     return st;
 }

@@ -200,13 +200,13 @@ nm_moe_exec *nm_model_state_dense_exec(nm_model_state *st);
 nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t *ids, int32_t n,
                            int32_t n_past, float *logits, bool all_logits, nm_error *err);
 
-/* Completes a profile that nm_device_profile filled: times the host's MoE
- * step of a layer over a chunk of `chunk` tokens (nm_moe_time_host_layer,
- * going round the model's layers, 4 * reps runs) and stores the part of it
- * the per-expert fit does not predict for the same loads as
- * profile->host_overhead_ms (at least 0), with profile->chunk. */
-nm_status nm_model_profile_overhead(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
-                                    nm_profile *profile, nm_error *err);
+/* The host's MoE step of one layer over a chunk of `chunk` tokens, timed by
+ * nm_moe_time_host_layer going round the model's layers (rounds of reps
+ * runs): *ms, and the rows each expert received (loads [n_expert]), for
+ * nm_profile_set_overhead. Run it before nm_device_profile: right after a
+ * device profile the host measured slower for a while. */
+nm_status nm_model_time_host_step(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
+                                  double *ms, int32_t *loads, nm_error *err);
 
 /* Every adapter, for lookup by name. */
 extern const nm_arch nm_arch_qwen3moe;

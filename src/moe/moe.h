@@ -54,9 +54,10 @@ void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float
 /* Times the host's MoE step of one layer as dense mode runs it (dispatch
  * table, gathering rows, expert FFNs, scattering, combine) over n_tokens
  * tokens of seeded random activations, each routed to k distinct experts
- * drawn uniformly: once untimed, then reps times, going round the n_layer
- * layers' weights so the caches hold what they hold in a prefill (other
- * layers' weights in between). *ms: the median time of one layer; loads
+ * drawn uniformly: once untimed, then three rounds of reps runs going round
+ * the n_layer layers' weights, so the caches hold what they hold in a
+ * prefill (other layers' weights in between). *ms: the smallest of the
+ * rounds' median times of one layer; loads
  * ([n_expert]): the rows each expert received. */
 nm_status nm_moe_time_host_layer(nm_pool *pool, const nm_expert_weights *const *layers,
                                  int32_t n_layer, int64_t d_model, int64_t d_ff, int32_t n_tokens,

@@ -161,17 +161,23 @@ int cmd_profile(nm_model *model, const cli_options *o) {
     nm_pool *pool = NULL;
     nm_profile prof;
     memset(&prof, 0, sizeof prof);
-    nm_status st = nm_device_new(o->device ? o->device : "cpu",
-                                 o->device_threads ? o->device_threads : 1, &dev, &err);
-    if (st == NM_OK) st = nm_pool_new(o->threads ? o->threads : nm_cpu_count(), &pool, &err);
+    const int reps = o->reps ? o->reps : 5;
+    int32_t *loads = nm_malloc((size_t)hp->n_expert * sizeof *loads);
+    double step_ms = 0;
+    nm_status st = loads ? NM_OK : nm_errorf(&err, NM_ERR_NOMEM, "out of memory");
     if (st == NM_OK)
-        st = nm_device_profile(dev, &model->layers[0].experts, hp->n_embd, hp->n_ff_exp, experts,
-                               n_e, caps, n_c, o->reps ? o->reps : 5, pool, profile_progress, NULL,
-                               &prof, &err);
+        st = nm_device_new(o->device ? o->device : "cpu", o->device_threads ? o->device_threads : 1,
+                           &dev, &err);
+    if (st == NM_OK) st = nm_pool_new(o->threads ? o->threads : nm_cpu_count(), &pool, &err);
     if (st == NM_OK) {
         fprintf(stderr, "profile: the host MoE step over a chunk of %d tokens\n", chunk);
-        st = nm_model_profile_overhead(model, pool, chunk, o->reps ? o->reps : 5, &prof, &err);
+        st = nm_model_time_host_step(model, pool, chunk, 4 * reps, &step_ms, loads, &err);
     }
+    if (st == NM_OK)
+        st = nm_device_profile(dev, &model->layers[0].experts, hp->n_embd, hp->n_ff_exp, experts,
+                               n_e, caps, n_c, reps, pool, profile_progress, NULL, &prof, &err);
+    if (st == NM_OK) nm_profile_set_overhead(&prof, chunk, step_ms, loads, hp->n_expert);
+    nm_free(loads);
     if (st == NM_OK) st = nm_profile_save(&prof, o->output, &err);
     int rc = 0;
     if (st != NM_OK) {
