@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test of npumoe, as CI does: a release build with
 # warnings as errors, an AddressSanitizer+UndefinedBehaviorSanitizer build,
-# and a short libFuzzer run of each parser. Installs what it needs (Debian).
+# a ThreadSanitizer build of the threaded tests, and a short libFuzzer run of
+# each parser. Installs what it needs (Debian).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -34,6 +35,13 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_SANITIZE=ON
 cmake --build build/asan -j "$jobs"
 ctest --test-dir build/asan --output-on-failure -j "$jobs"
+
+echo "== ThreadSanitizer: the tests that run the thread pool, the cpu device and the executor"
+cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_TSAN=ON
+tsan_tests=(test_kernels test_kernels_variants test_model test_static test_device)
+cmake --build build/tsan -j "$jobs" --target "${tsan_tests[@]}"
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j "$jobs" \
+    -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
 
 echo "== libFuzzer (${fuzz_seconds}s per target)"
 CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON \
