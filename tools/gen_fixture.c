@@ -24,7 +24,8 @@
 
 #define PROG "nm_gen_fixture"
 #define ARCH "qwen3moe"
-#define MAX_PARAMS 4000000000ll /* a fixture, not a model; the 4-layer Qwen3-30B-A3B shape is 3.1e9 */
+/* a fixture, not a model; the 4-layer Qwen3-30B-A3B shape is 3.1e9 */
+#define MAX_PARAMS 4000000000ll
 
 /* ---- options ---------------------------------------------------------------- */
 

@@ -121,7 +121,8 @@ static uint64_t splitmix64(uint64_t *x) {
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 void nm_rng_seed(nm_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&seed);
 }
 
 uint64_t nm_rng_u64(nm_rng *r) {
