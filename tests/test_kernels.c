@@ -42,10 +42,31 @@ static void test_conversions(void) {
     CHECK(isnan(nm_bf16_to_f32(nm_f32_to_bf16(NAN))));
 }
 
+/* Checks y = x W^T ([m][n], x [m][k], W as floats [n][k]) against sums in
+ * double: float accumulation errs by at most ~k eps sum|terms|. */
+static void check_matmul_double(uint32_t type, const float *x, const double *wf, const float *y,
+                                int64_t m, int64_t n, int64_t k) {
+    double worst = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double ref = 0, mag = 0;
+            for (int64_t q = 0; q < k; q++) {
+                ref += (double)x[i * k + q] * wf[j * k + q];
+                mag += fabs((double)x[i * k + q] * wf[j * k + q]);
+            }
+            const double e = fabs(y[i * n + j] - ref) / (mag + 1e-30);
+            if (e > worst) worst = e;
+        }
+    if (!(worst < 1e-6 * (double)k + 1e-6))
+        fprintf(stderr, "matmul %s m=%lld n=%lld k=%lld: rel err %.3g\n", nm_dtype_name(type),
+                (long long)m, (long long)n, (long long)k, worst);
+    CHECK(worst < 1e-6 * (double)k + 1e-6);
+}
+
 static void test_matmul_type(uint32_t type, int64_t m, int64_t n, int64_t k) {
     const size_t esz = type == NM_DTYPE_F32 ? 4 : 2;
     uint8_t *w = malloc((size_t)(n * k) * esz);
-    float *wf = malloc((size_t)(n * k) * sizeof(float)); /* the weights as stored */
+    double *wf = malloc((size_t)(n * k) * sizeof(double)); /* the weights' values */
     float *x = malloc((size_t)(m * k) * sizeof(float));
     float *y = malloc((size_t)(m * n) * sizeof(float));
     for (int64_t i = 0; i < n * k; i++) {
@@ -61,22 +82,7 @@ static void test_matmul_type(uint32_t type, int64_t m, int64_t n, int64_t k) {
         x[i] = frand();
     nm_mat mat = {.data = w, .type = type, .n = n, .k = k, .row_bytes = (size_t)k * esz};
     nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
-    double worst = 0;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double ref = 0, mag = 0;
-            for (int64_t q = 0; q < k; q++) {
-                ref += (double)x[i * k + q] * wf[j * k + q];
-                mag += fabs((double)x[i * k + q] * wf[j * k + q]);
-            }
-            /* float accumulation: error bounded by ~k * eps * sum|terms| */
-            double e = fabs(y[i * n + j] - ref) / (mag + 1e-30);
-            if (e > worst) worst = e;
-        }
-    if (!(worst < 1e-6 * (double)k + 1e-6))
-        fprintf(stderr, "matmul %s m=%lld n=%lld k=%lld: rel err %.3g\n", nm_dtype_name(type),
-                (long long)m, (long long)n, (long long)k, worst);
-    CHECK(worst < 1e-6 * (double)k + 1e-6);
+    check_matmul_double(type, x, wf, y, m, n, k);
     free(w);
     free(wf);
     free(x);
@@ -187,21 +193,7 @@ static void test_matmul_quant(uint32_t type, int64_t m, int64_t n, int64_t k) {
         x[i] = frand();
     nm_mat mat = {.data = w, .type = type, .n = n, .k = k, .row_bytes = rb};
     nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
-    double worst = 0;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double ref = 0, mag = 0;
-            for (int64_t q = 0; q < k; q++) {
-                ref += (double)x[i * k + q] * wv[j * k + q];
-                mag += fabs((double)x[i * k + q] * wv[j * k + q]);
-            }
-            const double e = fabs(y[i * n + j] - ref) / (mag + 1e-30);
-            if (e > worst) worst = e;
-        }
-    if (!(worst < 1e-6 * (double)k + 1e-6))
-        fprintf(stderr, "matmul %s m=%lld n=%lld k=%lld: rel err %.3g\n", nm_dtype_name(type),
-                (long long)m, (long long)n, (long long)k, worst);
-    CHECK(worst < 1e-6 * (double)k + 1e-6);
+    check_matmul_double(type, x, wv, y, m, n, k);
     free(w);
     free(wv);
     free(wf);
