@@ -42,7 +42,10 @@ unsigned char *nm_test_read_file(const char *path, size_t *n_bytes) {
     return buf;
 }
 
-int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap) {
+/* Numbers of line line_no of a text file (every line when line_no < 0), at
+ * most cap, each parsed by put(out, n, s, &end); how many, or -1. */
+static int read_numbers(const char *path, int line_no, void *out, int cap,
+                        bool (*put)(void *out, int n, const char *s, char **end)) {
     size_t n_bytes;
     char *text = (char *)nm_test_read_file(path, &n_bytes);
     if (!text) return -1;
@@ -52,17 +55,39 @@ int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap) {
         if (line) line++;
     }
     int n = 0;
-    while (line && *line && *line != '\n' && n < cap) {
+    while (line && *line && n < cap) {
+        if (*line == '\n') {
+            if (line_no >= 0) break;
+            line++;
+            continue;
+        }
         char *end;
-        long v = strtol(line, &end, 10);
-        if (end == line) break;
-        out[n++] = (int32_t)v;
+        if (!put(out, n, line, &end) || end == line) break;
+        n++;
         line = end;
         while (*line == ' ')
             line++;
     }
     free(text);
     return n;
+}
+
+static bool put_int(void *out, int n, const char *s, char **end) {
+    ((int32_t *)out)[n] = (int32_t)strtol(s, end, 10);
+    return true;
+}
+
+static bool put_float(void *out, int n, const char *s, char **end) {
+    ((float *)out)[n] = strtof(s, end);
+    return true;
+}
+
+int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap) {
+    return read_numbers(path, line_no < 0 ? 0 : line_no, out, cap, put_int);
+}
+
+int nm_test_read_floats(const char *path, int line_no, float *out, int cap) {
+    return read_numbers(path, line_no, out, cap, put_float);
 }
 
 /* ---- the vectors' tokenizer TSV files ---- */

@@ -55,6 +55,9 @@ unsigned char *nm_test_read_file(const char *path, size_t *n_bytes);
  * cap of them; returns how many, or -1 if the file cannot be read. */
 int nm_test_read_ints(const char *path, int line_no, int32_t *out, int cap);
 
+/* The same for floats; line_no < 0 reads every line (up to cap). */
+int nm_test_read_floats(const char *path, int line_no, float *out, int cap);
+
 /* Prints text with escapes, and token ids, to stderr (failed comparisons). */
 void nm_test_print_text(const char *label, const char *s, size_t n);
 void nm_test_print_ids(const char *label, const int32_t *ids, size_t n);

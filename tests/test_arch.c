@@ -30,35 +30,6 @@
 
 enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24, MAX_K = 8, MAX_LAYERS = 4 };
 
-/* Reads line line_no of floats (or of all lines when line_no < 0, up to cap). */
-static int read_floats(const char *path, int line_no, float *out, int cap) {
-    size_t n_bytes;
-    char *text = (char *)nm_test_read_file(path, &n_bytes);
-    if (!text) return -1;
-    char *line = text;
-    for (int i = 0; i < line_no && line; i++) {
-        line = strchr(line, '\n');
-        if (line) line++;
-    }
-    int n = 0;
-    while (line && *line && n < cap) {
-        if (*line == '\n') {
-            if (line_no >= 0) break;
-            line++;
-            continue;
-        }
-        char *end;
-        float v = strtof(line, &end);
-        if (end == line) break;
-        out[n++] = v;
-        line = end;
-        while (*line == ' ')
-            line++;
-    }
-    free(text);
-    return n;
-}
-
 /* The routing of a one-shot prefill, recorded by wrapping the model's
  * routing function: call c is layer c / n_tokens, token c % n_tokens. */
 static struct {
@@ -89,7 +60,7 @@ static int compare_experts(const char *dir, int p, int n, int n_layer, int k, in
         int32_t want[MAX_LAYERS * MAX_K];
         float gap[MAX_LAYERS];
         if (nm_test_read_ints(path, t, want, MAX_LAYERS * MAX_K) != n_layer * k) break;
-        if (read_floats(gpath, t, gap, MAX_LAYERS) != n_layer) break;
+        if (nm_test_read_floats(gpath, t, gap, MAX_LAYERS) != n_layer) break;
         for (int il = 0; il < n_layer; il++) {
             if (gap[il] < 1e-4f) continue;
             compared++;
@@ -172,7 +143,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
         snprintf(path, sizeof path, "%s/greedy.txt", dir);
         CHECK_INT_EQ(nm_test_read_ints(path, p, want, N_GREEDY), N_GREEDY);
         snprintf(path, sizeof path, "%s/greedy_margin.txt", dir);
-        CHECK_INT_EQ(read_floats(path, p, margin, N_GREEDY), N_GREEDY);
+        CHECK_INT_EQ(nm_test_read_floats(path, p, margin, N_GREEDY), N_GREEDY);
         int32_t next = nm_argmax(split + (size_t)(n - 1) * nv, nv);
         int same = 0, judged = N_GREEDY;
         for (int g = 0; g < N_GREEDY; g++) {

@@ -53,24 +53,6 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Margins of line p of greedy_margin.txt (24 decimal numbers). */
-static int read_margins(const char *path, int p, double *out) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    static char line[4096];
-    int n = -1;
-    for (int i = 0; i <= p; i++)
-        if (!fgets(line, sizeof line, f)) line[0] = '\0';
-    char *s = line, *end = NULL;
-    for (n = 0; n < N_GREEDY; n++) {
-        out[n] = strtod(s, &end);
-        if (end == s) break;
-        s = end;
-    }
-    fclose(f);
-    return n;
-}
-
 static void check_model(int mi, float *logits) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/tiny-qwen3moe-q-%s", NM_VECTORS_DIR, models[mi].name);
@@ -124,11 +106,11 @@ static void check_model(int mi, float *logits) {
         /* greedy from the golden context: step g sees the golden tokens
          * before it */
         int32_t want[N_GREEDY];
-        double margin[N_GREEDY];
+        float margin[N_GREEDY];
         snprintf(path, sizeof path, "%s/greedy.txt", dir);
         CHECK_INT_EQ(nm_test_read_ints(path, p, want, N_GREEDY), N_GREEDY);
         snprintf(path, sizeof path, "%s/greedy_margin.txt", dir);
-        CHECK_INT_EQ(read_margins(path, p, margin), N_GREEDY);
+        CHECK_INT_EQ(nm_test_read_floats(path, p, margin, N_GREEDY), N_GREEDY);
         int32_t next = nm_argmax(logits + (size_t)(n - 1) * nv, nv);
         for (int g = 0; g < N_GREEDY; g++) {
             greedy_total++;
