@@ -341,3 +341,76 @@ bool nm_test_kernels_from_env(void) {
     printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
     return true;
 }
+
+long nm_test_encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_bos,
+                    bool parse_special, int32_t *ids, size_t cap) {
+    size_t n_out = 0;
+    nm_error err = {0};
+    nm_status st = nm_tokenizer_encode(tok, s, n, add_bos, parse_special, ids, cap, &n_out, &err);
+    if (st != NM_OK) {
+        fprintf(stderr, "  encode failed: %s: %s\n", nm_status_str(st), err.msg);
+        return -1;
+    }
+    return (long)n_out;
+}
+
+int nm_test_check_tokenize_tsv(const nm_tokenizer *tok, const char *tsv_path,
+                               nm_test_decode_fn decode, int *n_exact) {
+    size_t n_file = 0;
+    char *file = (char *)nm_test_read_file(tsv_path, &n_file);
+    CHECK(file != NULL);
+    if (!file) {
+        fprintf(stderr, "cannot read %s\n", tsv_path);
+        return 0;
+    }
+    char *text = malloc(n_file + 1), *decoded = malloc(4 * n_file + 64);
+    int32_t *want = malloc((n_file + 1) * sizeof *want), *got = malloc((n_file + 1) * sizeof *got);
+    int line = 0, exact = 0;
+    for (char *p = file; *p; line++) {
+        char *eol = strchr(p, '\n');
+        if (eol) *eol = '\0';
+        const char *q = p;
+        long n_text = nm_test_parse_json_string(&q, text);
+        CHECK(n_text >= 0 && *q == '\t');
+        if (n_text < 0 || *q != '\t') break;
+        size_t n_want = 0;
+        for (q++; *q;) {
+            char *end;
+            long id = strtol(q, &end, 10);
+            if (end == q) break; /* not a number: the count check below fails */
+            want[n_want++] = (int32_t)id;
+            q = *end == ' ' ? end + 1 : end;
+        }
+        long n_got = nm_test_encode(tok, text, (size_t)n_text, nm_tokenizer_add_bos(tok), true, got,
+                                    n_file + 1);
+        nm_test_checks++;
+        if (n_got != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
+            nm_test_failures++;
+            fprintf(stderr, "%s line %d: ids differ from llama.cpp's\n", tsv_path, line + 1);
+            nm_test_print_text("text", text, (size_t)n_text);
+            nm_test_print_ids("llama.cpp", want, n_want);
+            if (n_got >= 0) nm_test_print_ids("npumoe   ", got, (size_t)n_got);
+        } else {
+            exact++;
+        }
+        const size_t skip_bos = nm_tokenizer_add_bos(tok) && n_want > 0 ? 1 : 0;
+        size_t n_dec = decode(tok, want + skip_bos, n_want - skip_bos, decoded, 4 * n_file + 64);
+        nm_test_checks++;
+        if (n_dec != (size_t)n_text || memcmp(decoded, text, (size_t)n_text) != 0) {
+            nm_test_failures++;
+            fprintf(stderr, "%s line %d: decoding llama.cpp's ids does not give the text\n",
+                    tsv_path, line + 1);
+            nm_test_print_text("text   ", text, (size_t)n_text);
+            if (n_dec != (size_t)-1) nm_test_print_text("decoded", decoded, n_dec);
+        }
+        if (!eol) break;
+        p = eol + 1;
+    }
+    free(text);
+    free(decoded);
+    free(want);
+    free(got);
+    free(file);
+    if (n_exact) *n_exact = exact;
+    return line;
+}

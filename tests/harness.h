@@ -5,6 +5,7 @@
 
 #include "npumoe.h"
 #include "plan/plan.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -61,6 +62,23 @@ int nm_test_read_floats(const char *path, int line_no, float *out, int cap);
 /* Prints text with escapes, and token ids, to stderr (failed comparisons). */
 void nm_test_print_text(const char *label, const char *s, size_t n);
 void nm_test_print_ids(const char *label, const int32_t *ids, size_t n);
+
+/* nm_tokenizer_encode, printing the error if it fails: the count, or -1. */
+long nm_test_encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_bos,
+                    bool parse_special, int32_t *ids, size_t cap);
+
+/* The text of n ids as a test's tokenizer writes it back: its length, or
+ * (size_t)-1 when it does not fit cap. */
+typedef size_t (*nm_test_decode_fn)(const nm_tokenizer *tok, const int32_t *ids, size_t n,
+                                    char *out, size_t cap);
+
+/* Checks every line of a vectors *-tokenize.tsv: encoding the text (special
+ * tokens parsed, BOS as the vocabulary says, as llama-tokenize ran) gives
+ * llama.cpp's ids, and decode of those ids (after the BOS) gives the text
+ * back. Returns the number of lines; *n_exact, when not NULL, the lines whose
+ * ids were equal. */
+int nm_test_check_tokenize_tsv(const nm_tokenizer *tok, const char *tsv_path,
+                               nm_test_decode_fn decode, int *n_exact);
 
 /* Parses the RFC 8259 string literal at *p (the first column of the vectors'
  * *-tokenize.tsv) into out, which has room for as many bytes as the literal;

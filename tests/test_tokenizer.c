@@ -15,21 +15,6 @@
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-/* Prints bytes as a JSON-ish literal so that mismatches are readable. */
-
-/* Encodes with a buffer of the right size; returns the count or -1. */
-static long encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_bos,
-                   bool parse_special, int32_t *ids, size_t cap) {
-    size_t n_out = 0;
-    nm_error err = {0};
-    nm_status st = nm_tokenizer_encode(tok, s, n, add_bos, parse_special, ids, cap, &n_out, &err);
-    if (st != NM_OK) {
-        fprintf(stderr, "  encode failed: %s: %s\n", nm_status_str(st), err.msg);
-        return -1;
-    }
-    return (long)n_out;
-}
-
 /* Concatenated pieces (render_special on); returns the length. */
 static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap) {
     size_t len = 0;
@@ -46,7 +31,7 @@ static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char
 static void check_encoding(const nm_tokenizer *tok, const char *s, bool parse_special,
                            const int32_t *want, size_t n_want) {
     int32_t got[64];
-    long n = encode(tok, s, strlen(s), false, parse_special, got, 64);
+    long n = nm_test_encode(tok, s, strlen(s), false, parse_special, got, 64);
     nm_test_checks++;
     if (n != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
         nm_test_failures++;
@@ -55,65 +40,6 @@ static void check_encoding(const nm_tokenizer *tok, const char *s, bool parse_sp
         nm_test_print_ids("want", want, n_want);
         if (n >= 0) nm_test_print_ids("got ", got, (size_t)n);
     }
-}
-
-/* Checks every line of a golden TSV; returns the number of lines. */
-static int check_golden_file(const nm_tokenizer *tok, const char *tsv_path) {
-    size_t n_file = 0;
-    char *file = (char *)nm_test_read_file(tsv_path, &n_file);
-    CHECK(file != NULL);
-    if (!file) {
-        fprintf(stderr, "cannot read %s\n", tsv_path);
-        return 0;
-    }
-    char *text = malloc(n_file + 1), *decoded = malloc(4 * n_file + 64);
-    int32_t *want = malloc((n_file + 1) * sizeof *want), *got = malloc((n_file + 1) * sizeof *got);
-    int line = 0;
-    for (char *p = file; *p; line++) {
-        char *eol = strchr(p, '\n');
-        if (eol) *eol = '\0';
-        const char *q = p;
-        long n_text = nm_test_parse_json_string(&q, text);
-        CHECK(n_text >= 0 && *q == '\t');
-        if (n_text < 0 || *q != '\t') break;
-        size_t n_want = 0;
-        for (q++; *q;) {
-            char *end;
-            long id = strtol(q, &end, 10);
-            if (end == q) break; /* not a number: the count check below fails */
-            want[n_want++] = (int32_t)id;
-            q = *end == ' ' ? end + 1 : end;
-        }
-        /* llama-tokenize: special parsing on, BOS as the file says */
-        long n_got =
-            encode(tok, text, (size_t)n_text, nm_tokenizer_add_bos(tok), true, got, n_file + 1);
-        nm_test_checks++;
-        if (n_got != (long)n_want || memcmp(got, want, n_want * sizeof *want) != 0) {
-            nm_test_failures++;
-            fprintf(stderr, "%s line %d: ids differ from llama.cpp's\n", tsv_path, line + 1);
-            nm_test_print_text("text", text, (size_t)n_text);
-            nm_test_print_ids("llama.cpp", want, n_want);
-            if (n_got >= 0) nm_test_print_ids("npumoe   ", got, (size_t)n_got);
-        }
-        /* llama.cpp does not normalise, so the pieces give the input back */
-        size_t n_dec = decode(tok, want, n_want, decoded, 4 * n_file + 64);
-        nm_test_checks++;
-        if (n_dec != (size_t)n_text || memcmp(decoded, text, (size_t)n_text) != 0) {
-            nm_test_failures++;
-            fprintf(stderr, "%s line %d: decoding llama.cpp's ids does not give the text\n",
-                    tsv_path, line + 1);
-            nm_test_print_text("text   ", text, (size_t)n_text);
-            if (n_dec != (size_t)-1) nm_test_print_text("decoded", decoded, n_dec);
-        }
-        if (!eol) break;
-        p = eol + 1;
-    }
-    free(text);
-    free(decoded);
-    free(want);
-    free(got);
-    free(file);
-    return line;
 }
 
 static nm_tokenizer *load_vocab(const char *path, nm_gguf **gguf) {
@@ -161,20 +87,20 @@ static void check_qwen3_rules(const nm_tokenizer *tok) {
     /* without special parsing, CONTROL texts are plain text but
      * USER_DEFINED ones are still matched (llama.cpp, like HF) */
     int32_t ids[64];
-    long n = encode(tok, "<|im_start|>", 12, false, false, ids, 64);
+    long n = nm_test_encode(tok, "<|im_start|>", 12, false, false, ids, 64);
     CHECK(n > 1);
-    n = encode(tok, "<think>", 7, false, false, ids, 64);
+    n = nm_test_encode(tok, "<think>", 7, false, false, ids, 64);
     CHECK_INT_EQ(n, 1);
     CHECK_INT_EQ(ids[0], 151667);
-    n = encode(tok, "a</s>b", 6, false, true, ids, 64);
+    n = nm_test_encode(tok, "a</s>b", 6, false, true, ids, 64);
     CHECK_INT_EQ(n, 3);
     CHECK_INT_EQ(ids[1], 128247);
 
     /* BOS when asked, whatever the file's flag */
-    n = encode(tok, "Hi", 2, true, false, ids, 64);
+    n = nm_test_encode(tok, "Hi", 2, true, false, ids, 64);
     CHECK_INT_EQ(n, 2);
     CHECK_INT_EQ(ids[0], 151643);
-    n = encode(tok, NULL, 0, false, true, ids, 64);
+    n = nm_test_encode(tok, NULL, 0, false, true, ids, 64);
     CHECK_INT_EQ(n, 0);
 
     /* pieces: CONTROL renders only on request, USER_DEFINED always; the
@@ -201,7 +127,7 @@ static void check_qwen3_rules(const nm_tokenizer *tok) {
 static void check_count_then_fill(const nm_tokenizer *tok) {
     const char *s = "Hello, world! <|im_start|>user\n12345";
     int32_t full[64], part[64];
-    long n = encode(tok, s, strlen(s), false, true, full, 64);
+    long n = nm_test_encode(tok, s, strlen(s), false, true, full, 64);
     CHECK(n > 4);
     size_t n_out = 12345;
     nm_error err = {0};
@@ -269,7 +195,7 @@ static void check_invalid_utf8(const nm_tokenizer *tok) {
     const char *ok = "\x7F\xC2\x80\xDF\xBF\xE0\xA0\x80\xEF\xBF\xBF\xF0\x90\x80\x80\xF4\x8F\xBF\xBF"
                      "\xED\x9F\xBF\xEE\x80\x80";
     int32_t ids[64];
-    long n = encode(tok, ok, strlen(ok), false, true, ids, 64);
+    long n = nm_test_encode(tok, ok, strlen(ok), false, true, ids, 64);
     CHECK(n > 0);
     char back[64];
     if (n > 0) {
@@ -596,7 +522,7 @@ int main(void) {
     nm_gguf *gguf = NULL;
     nm_tokenizer *tok = load_vocab(NM_VECTORS_DIR "/qwen3-vocab.gguf", &gguf);
     if (tok) {
-        int n = check_golden_file(tok, NM_VECTORS_DIR "/qwen3-tokenize.tsv");
+        int n = nm_test_check_tokenize_tsv(tok, NM_VECTORS_DIR "/qwen3-tokenize.tsv", decode, NULL);
         CHECK_INT_EQ(n, 80);
         check_qwen3_rules(tok);
         check_count_then_fill(tok);
@@ -607,7 +533,8 @@ int main(void) {
 
     tok = load_vocab(NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf", &gguf);
     if (tok) {
-        int n = check_golden_file(tok, NM_VECTORS_DIR "/qwen3-4k-tokenize.tsv");
+        int n =
+            nm_test_check_tokenize_tsv(tok, NM_VECTORS_DIR "/qwen3-4k-tokenize.tsv", decode, NULL);
         CHECK_INT_EQ(n, 80);
         CHECK_INT_EQ(nm_tokenizer_n_vocab(tok), 4099);
         CHECK(nm_tokenizer_is_eog(tok, 4096) && nm_tokenizer_is_eog(tok, 4098));
