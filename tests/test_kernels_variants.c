@@ -237,6 +237,19 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     free(y1);
 }
 
+/* Attention outputs against the reference's: they are averages of values
+ * in [-1, 1], float sums of t terms. */
+static void check_attention_out(const char *what, nm_kernels_isa isa, const float *o,
+                                const float *orf, int nh, int nkv, int hd, int t) {
+    double worst = 0;
+    for (int i = 0; i < nh * hd; i++)
+        if (fabs(o[i] - orf[i]) > worst) worst = fabs(o[i] - orf[i]);
+    if (!(worst < 1e-6 * (4 + hd + t)))
+        fprintf(stderr, "%s %sattention %d/%d x %d, %d positions: max diff %.3g\n",
+                nm_kernels_isa_name(isa), what, nh, nkv, hd, t, worst);
+    CHECK(worst < 1e-6 * (4 + hd + t));
+}
+
 static void check_attention(nm_kernels_isa isa, int nh, int nkv, int hd, int t) {
     const int64_t stride = (int64_t)nkv * hd;
     float *q = malloc((size_t)nh * hd * sizeof(float));
@@ -252,14 +265,7 @@ static void check_attention(nm_kernels_isa isa, int nh, int nkv, int hd, int t) 
     nm_attention_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, orf, s);
     CHECK(nm_kernels_force(isa));
     nm_attention_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, o, s);
-    /* outputs are averages of values in [-1, 1]; float sums of t terms */
-    double worst = 0;
-    for (int i = 0; i < nh * hd; i++)
-        if (fabs(o[i] - orf[i]) > worst) worst = fabs(o[i] - orf[i]);
-    if (!(worst < 1e-6 * (4 + hd + t)))
-        fprintf(stderr, "%s attention %d/%d x %d, %d positions: max diff %.3g\n",
-                nm_kernels_isa_name(isa), nh, nkv, hd, t, worst);
-    CHECK(worst < 1e-6 * (4 + hd + t));
+    check_attention_out("", isa, o, orf, nh, nkv, hd, t);
     free(q);
     free(k);
     free(v);
@@ -283,13 +289,7 @@ static void check_attention_f16(nm_kernels_isa isa, int nh, int nkv, int hd, int
     nm_attention_f16_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, orf, s);
     CHECK(nm_kernels_force(isa));
     nm_attention_f16_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, o, s);
-    double worst = 0;
-    for (int i = 0; i < nh * hd; i++)
-        if (fabs(o[i] - orf[i]) > worst) worst = fabs(o[i] - orf[i]);
-    if (!(worst < 1e-6 * (4 + hd + t)))
-        fprintf(stderr, "%s f16 attention %d/%d x %d, %d positions: max diff %.3g\n",
-                nm_kernels_isa_name(isa), nh, nkv, hd, t, worst);
-    CHECK(worst < 1e-6 * (4 + hd + t));
+    check_attention_out("f16 ", isa, o, orf, nh, nkv, hd, t);
     free(q);
     free(k);
     free(v);

@@ -150,8 +150,7 @@ void nm_attention_forward(const float *q, const float *k_cache, const float *v_c
                           int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
                           float scale, float *out, float *scores) {
 #if defined(__x86_64__)
-    const nm_kernels_isa isa = nm_kernels_active();
-    if (isa == NM_KERNELS_AVX512 || isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI) {
+    if (nm_kernels_active() >= NM_KERNELS_AVX512) { /* the AVX-512 variants share it */
         nm_attention_avx512_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv,
                                     head_dim, scale, out, scores);
         return;
@@ -165,8 +164,7 @@ void nm_attention_f16_forward(const float *q, const uint16_t *k_cache, const uin
                               int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
                               int head_dim, float scale, float *out, float *scores) {
 #if defined(__x86_64__)
-    const nm_kernels_isa isa = nm_kernels_active();
-    if (isa == NM_KERNELS_AVX512 || isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI) {
+    if (nm_kernels_active() >= NM_KERNELS_AVX512) { /* the AVX-512 variants share it */
         nm_attention_f16_avx512_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv,
                                         head_dim, scale, out, scores);
         return;
