@@ -142,6 +142,47 @@ static int validate(const nm_mat *w, const float *x, int64_t m, float *y, const 
     return bad;
 }
 
+typedef struct bench_test {
+    const char *name;
+    int64_t m, n, k, n_mat;
+} bench_test;
+
+static double fma_peak, read_peak; /* GFLOP/s and GB/s of one core, 0 if not measured */
+
+/* Validates the active variant on w (n_mat matrices one after another from
+ * w->data), times it and prints its row; 1 if invalid. */
+static int run_test(const char *variant, const bench_test *bt, const nm_mat *w, const float *x,
+                    float *y, const float *yr, const tolerance *tol, double extra, int quantised,
+                    int reps) {
+    const int64_t m = bt->m, n = bt->n, k = bt->k, n_mat = bt->n_mat;
+    const int bad = validate(w, x, m, y, yr, tol, extra, quantised);
+    double ms[1000], cpu_ms[1000];
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now(), c0 = cpu_now();
+        for (int64_t e = 0; e < n_mat; e++) {
+            nm_mat we = *w;
+            we.data = (const uint8_t *)w->data + (size_t)(e * n) * w->row_bytes;
+            nm_matmul_forward(&we, x, k, m, y, n, 0, n);
+        }
+        ms[r] = (now() - t0) * 1e3;
+        cpu_ms[r] = (cpu_now() - c0) * 1e3;
+    }
+    qsort(ms, (size_t)reps, sizeof ms[0], cmp_double);
+    qsort(cpu_ms, (size_t)reps, sizeof cpu_ms[0], cmp_double);
+    const double med = ms[reps / 2];
+    const double gflops = 2.0 * (double)(m * n * k * n_mat) / (med * 1e-3) * 1e-9;
+    const double gbs = (double)(n * n_mat) * (double)w->row_bytes / (med * 1e-3) * 1e-9;
+    char shape[64];
+    snprintf(shape, sizeof shape, n_mat > 1 ? "%lld x %lld x %lld (x %lld)" : "%lld x %lld x %lld",
+             (long long)m, (long long)n, (long long)k, (long long)n_mat);
+    printf("| %s | %s | %s | %s | %s | %.3f | %.3f | %.1f | %.0f%% | %.1f | %.0f%% |\n", variant,
+           nm_dtype_name(w->type), bt->name, shape, bad ? "FAIL" : "ok", med, cpu_ms[reps / 2],
+           gflops, fma_peak > 0 ? 100.0 * gflops / fma_peak : 0.0, gbs,
+           read_peak > 0 ? 100.0 * gbs / read_peak : 0.0);
+    fflush(stdout);
+    return bad != 0;
+}
+
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 7;
     if (reps < 1 || reps > 1000) {
@@ -170,6 +211,8 @@ int main(int argc, char **argv) {
     printf("# peaks (one core): FP32 FMA %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
            "int8 VNNI (vpdpbusd) %.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
            fma, bf16, vnni, bw1, bw2);
+    fma_peak = fma;
+    read_peak = bw1;
     const char *only_type = argc > 2 && strcmp(argv[2], "all") != 0 ? argv[2] : NULL;
     const char *only_isa = argc > 3 && strcmp(argv[3], "all") != 0 ? argv[3] : NULL;
     printf(
@@ -182,14 +225,12 @@ int main(int argc, char **argv) {
     /* n_mat > 1: that many distinct matrices, timed one after another (the
      * decode of a layer's expert down projections: their weights come from
      * memory, not the caches); validated on the first */
-    struct {
-        const char *name;
-        int64_t m, n, k, n_mat;
-    } tests[4] = {{"gemm (expert prefill)", 64, 768, 2048, 1},
-                  {"gemm (expert prefill)", 512, 768, 2048, 1},
-                  {"gemv (decode)", 1, 16384, 2048, 1},
-                  {"gemv (decode, 128 experts)", 1, 2048, 768, 128}};
-    int n_tests = 4;
+    bench_test tests[5] = {{"gemm (expert prefill)", 64, 768, 2048, 1},
+                           {"gemm (expert prefill)", 512, 768, 2048, 1},
+                           {"gemv (decode)", 1, 16384, 2048, 1},
+                           {"gemv (decode, 128 experts)", 1, 768, 2048, 128},
+                           {"gemv (decode, 128 experts)", 1, 2048, 768, 128}};
+    int n_tests = 5;
     if (argc > 4) {
         long long m, n, k;
         if (sscanf(argv[4], "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 256 ||
@@ -232,35 +273,24 @@ int main(int argc, char **argv) {
                                          : 0.0;
                 const int quantised =
                     isa == NM_KERNELS_AVX512VNNI && nm_matmul_avx512vnni_quantises(types[t]);
-                const int bad = validate(&w, x, m, y, yr, &tol, extra, quantised);
-                failures += bad != 0;
-                double ms[1000], cpu_ms[1000];
-                for (int r = 0; r < reps; r++) {
-                    const double t0 = now(), c0 = cpu_now();
+                const char *name = nm_kernels_isa_name((nm_kernels_isa)isa);
+                failures += run_test(name, &tests[s], &w, x, y, yr, &tol, extra, quantised, reps);
+                if (nm_mat_repack_wanted(&w)) {
+                    /* the same weights in the variant's own layout */
+                    uint8_t *pd = malloc((size_t)(n * n_mat) * rb);
+                    nm_mat pw = w;
                     for (int64_t e = 0; e < n_mat; e++) {
                         nm_mat we = w;
                         we.data = wd + (size_t)(e * n) * rb;
-                        nm_matmul_forward(&we, x, k, m, y, n, 0, n);
+                        pw = nm_mat_repack(&we, pd + (size_t)(e * n) * rb);
                     }
-                    ms[r] = (now() - t0) * 1e3;
-                    cpu_ms[r] = (cpu_now() - c0) * 1e3;
+                    pw.data = pd;
+                    char label[64];
+                    snprintf(label, sizeof label, "%s repacked", name);
+                    failures +=
+                        run_test(label, &tests[s], &pw, x, y, yr, &tol, extra, quantised, reps);
+                    free(pd);
                 }
-                qsort(ms, (size_t)reps, sizeof ms[0], cmp_double);
-                qsort(cpu_ms, (size_t)reps, sizeof cpu_ms[0], cmp_double);
-                const double med = ms[reps / 2];
-                const double gflops = 2.0 * (double)(m * n * k * n_mat) / (med * 1e-3) * 1e-9;
-                const double gbs = (double)(n * n_mat) * (double)rb / (med * 1e-3) * 1e-9;
-                char shape[64];
-                snprintf(shape, sizeof shape,
-                         n_mat > 1 ? "%lld x %lld x %lld (x %lld)" : "%lld x %lld x %lld",
-                         (long long)m, (long long)n, (long long)k, (long long)n_mat);
-                printf("| %s | %s | %s | %s | %s | %.3f | %.3f | %.1f | %.0f%% | %.1f | "
-                       "%.0f%% |\n",
-                       nm_kernels_isa_name((nm_kernels_isa)isa), nm_dtype_name(types[t]),
-                       tests[s].name, shape, bad ? "FAIL" : "ok", med, cpu_ms[reps / 2], gflops,
-                       fma > 0 ? 100.0 * gflops / fma : 0.0, gbs,
-                       bw1 > 0 ? 100.0 * gbs / bw1 : 0.0);
-                fflush(stdout);
             }
             free(tol.mag);
             free(tol.step);

@@ -172,6 +172,37 @@ static int check_vnni(const float *x, const float *wf, const double *a, const fl
     return bad;
 }
 
+/* A matrix in the variant's own layout (nm_mat_repack) gives the bits of
+ * the file's, y, on every row count and column range, also ranges that
+ * start and end inside a group of rows; the copy is computed by its
+ * variant even while another one is in use. */
+static void check_repacked(const nm_mat *mat, const float *x, int64_t m, const float *y) {
+    const int64_t n = mat->n, k = mat->k;
+    const size_t bytes = (size_t)n * mat->row_bytes;
+    uint8_t *buf = malloc(bytes);
+    const nm_mat pk = nm_mat_repack(mat, buf);
+    CHECK_INT_EQ(pk.layout, NM_LAYOUT_PANEL16);
+    CHECK(!nm_mat_repack_wanted(&pk));
+    float *yp = malloc((size_t)(m * n) * sizeof(float));
+    nm_matmul_forward(&pk, x, k, m, yp, n, 0, n);
+    CHECK(memcmp(yp, y, (size_t)(m * n) * sizeof(float)) == 0);
+    /* ranges cut at 5, 21 and n - 3 (inside groups of 16 and the tail) */
+    memset(yp, 0, (size_t)(m * n) * sizeof(float));
+    const int64_t cuts[] = {0, 5, 21 < n ? 21 : n, n - 3 > 21 ? n - 3 : n, n};
+    const nm_kernels_isa was = nm_kernels_active();
+    CHECK(nm_kernels_force(NM_KERNELS_REF));
+    for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++)
+        if (cuts[c] < cuts[c + 1]) nm_matmul_forward(&pk, x, k, m, yp, n, cuts[c], cuts[c + 1]);
+    CHECK(nm_kernels_force(was));
+    CHECK(memcmp(yp, y, (size_t)(m * n) * sizeof(float)) == 0);
+    /* one row at a time */
+    for (int64_t i = 0; i < m; i++)
+        nm_matmul_forward(&pk, x + i * k, k, 1, yp + i * n, n, 0, n);
+    CHECK(memcmp(yp, y, (size_t)(m * n) * sizeof(float)) == 0);
+    free(yp);
+    free(buf);
+}
+
 static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n, int64_t k) {
     size_t rb = 0;
     float *wf = malloc((size_t)(n * k) * sizeof(float));
@@ -229,6 +260,7 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     nm_matmul_forward(&mat, x, k, mf, yf, n, split, n);
     CHECK(memcmp(yf, y, (size_t)(mf * n) * sizeof(float)) == 0);
     free(yf);
+    if (nm_mat_repack_wanted(&mat)) check_repacked(&mat, x, m, y);
     free(w);
     free(wf);
     free(x);

@@ -86,6 +86,11 @@ nm_status nm_gguf_open(const char *path, nm_gguf **out, nm_error *err);
 nm_status nm_gguf_open_memory(const void *data, size_t n_bytes, nm_gguf **out, nm_error *err);
 
 void nm_gguf_close(nm_gguf *gguf);
+/* The caller will not read the mapped file's bytes [p, p + n) for a while:
+ * the whole pages among them leave the process's resident memory (they
+ * are read from the file again if touched). Nothing for a file over the
+ * caller's memory or a range outside the file. */
+void nm_gguf_drop_pages(const nm_gguf *gguf, const void *p, size_t n);
 
 uint32_t nm_gguf_version(const nm_gguf *gguf);
 uint64_t nm_gguf_alignment(const nm_gguf *gguf);

@@ -637,6 +637,17 @@ nm_status nm_gguf_open(const char *path, nm_gguf **out, nm_error *err) {
     return st;
 }
 
+void nm_gguf_drop_pages(const nm_gguf *g, const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t base = (uintptr_t)g->base, end = base + (uintptr_t)g->file_bytes;
+    uintptr_t lo = (uintptr_t)p, hi = lo + n;
+    if (!g->mapped || lo < base || hi > end || page == 0) return;
+    lo = (lo + page - 1) / page * page; /* whole pages inside the range only */
+    hi = hi / page * page;
+    /* advice: a failure changes nothing the caller sees */
+    if (lo < hi) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void nm_gguf_close(nm_gguf *g) {
     if (!g) return;
     nm_gguf_block *b = g->blocks;

@@ -124,9 +124,29 @@ bool nm_kernels_check_env(const char **bad) {
     return true;
 }
 
+bool nm_mat_repack_wanted(const nm_mat *w) {
+    return nm_kernels_active() == NM_KERNELS_AVX512VNNI && w->layout == NM_LAYOUT_ROWS &&
+           w->n >= 16 &&
+           (w->type == NM_DTYPE_Q4_K || w->type == NM_DTYPE_Q5_K || w->type == NM_DTYPE_Q6_K);
+}
+
+nm_mat nm_mat_repack(const nm_mat *w, void *dst) {
+    NM_ASSERT(nm_mat_repack_wanted(w));
+    nm_mat out = *w;
+#if defined(__x86_64__)
+    nm_avx512vnni_repack(w, dst);
+    out.data = dst;
+    out.layout = NM_LAYOUT_PANEL16;
+#endif
+    return out;
+}
+
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                        int64_t ldy, int64_t j0, int64_t j1) {
-    switch (nm_kernels_active()) {
+    /* a repacked matrix is in avx512vnni's own layout */
+    const nm_kernels_isa isa =
+        w->layout == NM_LAYOUT_PANEL16 ? NM_KERNELS_AVX512VNNI : nm_kernels_active();
+    switch (isa) {
 #if defined(__x86_64__)
     case NM_KERNELS_AVX512VNNI:
         nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);

@@ -97,6 +97,8 @@ void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, 
                                   int64_t ldy, int64_t j0, int64_t j1);
 /* Whether avx512vnni quantises the activations for weights of this type. */
 bool nm_matmul_avx512vnni_quantises(uint32_t type);
+/* nm_mat_repack's work: w's rows into dst in NM_LAYOUT_PANEL16. */
+void nm_avx512vnni_repack(const nm_mat *w, void *dst);
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
                                  int head_dim, float scale, float *out, float *scores);

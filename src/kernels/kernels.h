@@ -10,14 +10,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A weight matrix [N][K] in the model file: row j is K elements of `type`
- * starting at data + j * row_bytes. */
+/* How the rows of a weight matrix lie in memory. */
+typedef enum nm_layout {
+    /* as in the model file: row j is K elements of `type` at data + j * row_bytes */
+    NM_LAYOUT_ROWS = 0,
+    /* avx512vnni's (nm_mat_repack): rows in groups of 16, each group's
+     * K-quant super-blocks interleaved as its registers read them; rows past
+     * the last whole group as in NM_LAYOUT_ROWS. The same n * row_bytes. */
+    NM_LAYOUT_PANEL16 = 1
+} nm_layout;
+
+/* A weight matrix [N][K]. */
 typedef struct nm_mat {
     const void *data;
     uint32_t type; /* nm_dtype: one nm_dtype_is_supported accepts */
     int64_t n;     /* N, output rows        */
     int64_t k;     /* K, elements per row   */
     size_t row_bytes;
+    uint32_t layout; /* nm_layout; 0, the file's, unless nm_mat_repack made it */
 } nm_mat;
 
 /* Kernel variants. The reference (plain C, src/kernels/ref/) is always
@@ -59,6 +69,18 @@ bool nm_kernels_force(nm_kernels_isa isa);
 /* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
  * "exact" (which is then forced); false otherwise, with the value in *bad. */
 bool nm_kernels_check_env(const char **bad);
+
+/* Whether the variant in use computes w faster from a copy in a layout of
+ * its own: avx512vnni with Q4_K, Q5_K or Q6_K weights of at least 16 rows,
+ * in the file's layout. */
+bool nm_mat_repack_wanted(const nm_mat *w);
+/* Writes the n * row_bytes bytes of w (one nm_mat_repack_wanted accepts) to
+ * dst, which must not overlap them, in that layout, and returns the matrix
+ * at dst. Every matmul gives the same bits from the copy as avx512vnni from
+ * w; the copy goes to avx512vnni whichever variant is in use later. Rows
+ * [16a, 16b) come out the same whatever the other rows, so a matrix may be
+ * repacked in parts that start at multiples of 16 rows. */
+nm_mat nm_mat_repack(const nm_mat *w, void *dst);
 
 /* The experts of one layer, as three stacks of matrices in the file. */
 typedef struct nm_expert_weights {

@@ -182,8 +182,8 @@ static void matmul_task(void *p, int i, int thread) {
 static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                    int64_t ldy) {
     const int64_t n_threads = nm_pool_n_threads(pool);
-    int64_t tile = (w->n + 4 * n_threads - 1) / (4 * n_threads);
-    if (tile < 16) tile = 16;
+    /* a multiple of 16 columns, which the quantised kernels compute at once */
+    const int64_t tile = ((w->n + 4 * n_threads - 1) / (4 * n_threads) + 15) / 16 * 16;
     matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
     nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
 }

@@ -9,12 +9,13 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe, &nm_arch_llama,
                                             &nm_arch_phimoe};
 
 nm_model_params nm_model_default_params(void) {
-    nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE};
+    nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE, .no_repack = false};
     return p;
 }
 
@@ -138,15 +139,100 @@ nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int
     return NM_OK;
 }
 
+/* ---- weights in the kernels' own layout ---- */
+
+/* Where the repacked copies go: sizes are summed while buf is NULL. */
+typedef struct repack_ctx {
+    nm_gguf *gguf;
+    uint8_t *buf;
+    size_t used;
+    int n_tensors;
+} repack_ctx;
+
+/* Rows repacked at a time: whole groups of 16 of about this many bytes, so
+ * that the file's pages of them leave memory soon after they are read (the
+ * peak stays near the final size, not that plus the largest tensor). */
+enum { REPACK_PART_BYTES = 4 << 20 };
+
+/* A matrix (count 1) or a stack of count matrices stride bytes apart: its
+ * copy in the layout the kernels want, if they want one. */
+static void repack_stack(repack_ctx *c, nm_mat *first, size_t stride, int32_t count) {
+    if (!nm_mat_repack_wanted(first)) return;
+    const size_t mat_bytes = (size_t)first->n * first->row_bytes;
+    if (count == 1) stride = mat_bytes;
+    NM_ASSERT(stride == mat_bytes && count >= 1);
+    const size_t bytes = stride * (size_t)count;
+    uint8_t *dst = c->buf ? c->buf + c->used : NULL;
+    c->used += (bytes + 63) / 64 * 64; /* each copy starts on a cache line */
+    c->n_tensors++;
+    if (!dst) return;
+    int64_t part = (int64_t)(REPACK_PART_BYTES / first->row_bytes) / 16 * 16;
+    if (part < 16) part = 16;
+    for (int32_t e = 0; e < count; e++) {
+        const nm_mat mat = nm_expert_mat(first, stride, e);
+        uint8_t *mat_dst = dst + (size_t)e * stride;
+        for (int64_t r0 = 0; r0 < mat.n;) {
+            /* the last part takes the rows after the last whole part */
+            const int64_t r1 = mat.n - r0 < 2 * part ? mat.n : r0 + part;
+            nm_mat rows = mat;
+            rows.data = (const uint8_t *)mat.data + (size_t)r0 * mat.row_bytes;
+            rows.n = r1 - r0;
+            nm_mat_repack(&rows, mat_dst + (size_t)r0 * mat.row_bytes);
+            nm_gguf_drop_pages(c->gguf, rows.data, (size_t)rows.n * rows.row_bytes);
+            r0 = r1;
+        }
+    }
+    first->data = dst;
+    first->layout = NM_LAYOUT_PANEL16;
+}
+
+/* Every matrix the forward pass multiplies with; not token_embd, which is
+ * also read by rows (an output tied to it stays in the file's layout). */
+static void repack_all(nm_model *m, repack_ctx *c) {
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        nm_layer *l = &m->layers[il];
+        repack_stack(c, &l->wq, 0, 1);
+        repack_stack(c, &l->wk, 0, 1);
+        repack_stack(c, &l->wv, 0, 1);
+        repack_stack(c, &l->wo, 0, 1);
+        repack_stack(c, &l->router, 0, 1);
+        nm_expert_weights *x = &l->experts;
+        repack_stack(c, &x->gate, x->gate_stride, x->n_expert);
+        repack_stack(c, &x->up, x->up_stride, x->n_expert);
+        repack_stack(c, &x->down, x->down_stride, x->n_expert);
+    }
+    if (!m->tied_output) repack_stack(c, &m->output, 0, 1);
+}
+
+static nm_status repack_weights(nm_model *m, nm_error *err) {
+    repack_ctx c = {.gguf = m->gguf};
+    repack_all(m, &c);
+    if (c.used == 0) return NM_OK;
+    void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED)
+        return nm_errorf(err, NM_ERR_NOMEM,
+                         "out of memory for the weights in the kernels' layout (%.1f MiB); "
+                         "--no-repack computes from the file's",
+                         (double)c.used / 1048576.0);
+    m->repacked = buf;
+    m->repacked_bytes = c.used;
+    c = (repack_ctx){.gguf = m->gguf, .buf = buf};
+    repack_all(m, &c);
+    m->repacked_tensors = c.n_tensors;
+    (void)mprotect(buf, c.used, PROT_READ); /* read-only like the file; a failure is harmless */
+    return NM_OK;
+}
+
 void nm_model_free(nm_model *model) {
     if (!model) return;
+    if (model->repacked) munmap(model->repacked, model->repacked_bytes);
     nm_tokenizer_free(model->tok);
     nm_free(model->layers);
     nm_gguf_close(model->gguf);
     nm_free(model);
 }
 
-static nm_status load_into(nm_model *m, const char *path, nm_error *err) {
+static nm_status load_into(nm_model *m, const char *path, bool repack, nm_error *err) {
     nm_status st = nm_gguf_open(path, &m->gguf, err);
     if (st != NM_OK) return st;
     nm_gguf_str arch;
@@ -163,6 +249,7 @@ static nm_status load_into(nm_model *m, const char *path, nm_error *err) {
     if (st != NM_OK) return st;
     st = m->arch->load(m, err);
     if (st != NM_OK) return st;
+    if (repack && (st = repack_weights(m, err)) != NM_OK) return st;
     NM_ASSERT(m->route != NULL);
     if (nm_tokenizer_n_vocab(m->tok) != m->hp.n_vocab)
         return nm_errorf(err, NM_ERR_FORMAT,
@@ -183,7 +270,7 @@ nm_status nm_model_load(const char *path, const nm_model_params *params, nm_mode
         nm_free(m);
         return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown compat value %d", (int)m->compat);
     }
-    nm_status st = load_into(m, path, err);
+    nm_status st = load_into(m, path, !(params && params->no_repack), err);
     if (st != NM_OK) {
         /* the reader already names the path; everything else gets it here */
         if (m->gguf) nm_error_prefix(err, "%s", path);
@@ -238,6 +325,12 @@ void nm_model_describe(const nm_model *model, void *file) {
             model->compat == NM_COMPAT_LLAMA_CPP ? "llama.cpp compat" : "as trained");
     fprintf(f, "output:              %s\n",
             model->tied_output ? "tied to token_embd" : "own tensor");
+    if (model->repacked_tensors)
+        fprintf(f, "repacked:            %d tensors, %.2f MiB, for the %s kernels\n",
+                model->repacked_tensors, (double)model->repacked_bytes / 1048576.0,
+                nm_kernels_isa_name(NM_KERNELS_AVX512VNNI));
+    else
+        fprintf(f, "repacked:            none\n");
 
     uint64_t bytes_by_type[NM_DTYPE_COUNT] = {0}, count_by_type[NM_DTYPE_COUNT] = {0}, total = 0;
     const uint64_t n_tensors = nm_gguf_n_tensors(model->gguf);

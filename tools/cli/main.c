@@ -295,6 +295,7 @@ int main(int argc, char **argv) {
     nm_error err = {0};
     nm_model_params mp = nm_model_default_params();
     if (o.compat && nm_compat_parse(o.compat, &mp.compat, &err) != NM_OK) return fail_err(&err);
+    mp.no_repack = o.no_repack;
     if (nm_model_load(o.model, &mp, &model, &err) != NM_OK) return fail_err(&err);
     int rc = 1;
     switch (cmd) {

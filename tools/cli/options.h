@@ -71,6 +71,7 @@ typedef struct cli_options {
     bool json;
     bool all;
     bool no_special;
+    bool no_repack;
     bool help;
 } cli_options;
 

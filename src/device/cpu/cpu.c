@@ -13,9 +13,11 @@
 #include <stdbool.h>
 #include <string.h>
 
-/* Output columns of one task are at least this many, so tiny layers are not
- * cut into tasks cheaper than taking them. */
-enum { MIN_TILE_COLS = 8 };
+/* Output columns of one task are a multiple of this many: the quantised
+ * matmul kernels compute 16 columns at once (a task starting inside such a
+ * group computes all of it), and tiny layers are not cut into tasks cheaper
+ * than taking them. */
+enum { TILE_COLS = 16 };
 /* Tasks per device thread a graph aims for, so uneven slots balance. */
 enum { TASKS_PER_THREAD = 4 };
 
@@ -201,10 +203,10 @@ static void plan_tiles(int n_threads, int32_t n_slots, int64_t width, int *tiles
     int64_t want = 1;
     if (n_threads > 1)
         want = ((int64_t)TASKS_PER_THREAD * n_threads + n_slots - 1) / n_slots; /* ceil */
-    const int64_t most = (width + MIN_TILE_COLS - 1) / MIN_TILE_COLS;
+    const int64_t most = (width + TILE_COLS - 1) / TILE_COLS;
     if (want > most) want = most;
     if (want < 1) want = 1;
-    *cols = (width + want - 1) / want;
+    *cols = ((width + want - 1) / want + TILE_COLS - 1) / TILE_COLS * TILE_COLS;
     *tiles = (int)((width + *cols - 1) / *cols); /* no empty tile at the end */
 }
 

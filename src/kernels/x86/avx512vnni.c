@@ -201,16 +201,14 @@ ALWAYS_INLINE __m512i gather32(const uint8_t *w, __m512i voff, size_t at) {
 
 ALWAYS_INLINE __m512 half_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 
-/* Sub-block scales and mins of a Q4_K/Q5_K super-block at byte at of each
- * row: ds[j] = dk * sc_j, ms[j] = dmin * mn_j (as the dequantisation rounds
- * them). The 6-bit fields of the 12 bytes (nm_k4_scale_min) as three words
- * a0..a2 per lane: byte j of a0 holds sc_j (j < 4) and the top bits of
- * sc_{j+4} in bits 6-7; a1 the same for the mins; byte j of a2 the low
- * nibbles of sc_{j+4} (low) and mn_{j+4} (high). */
-ALWAYS_INLINE void k4_scales(const uint8_t *w, __m512i voff, size_t at, __m512 *ds, __m512 *ms) {
-    const __m512i dd = gather32(w, voff, at);
-    const __m512i a0 = gather32(w, voff, at + 4), a1 = gather32(w, voff, at + 8),
-                  a2 = gather32(w, voff, at + 12);
+/* Sub-block scales and mins of a Q4_K/Q5_K super-block from its first 16
+ * bytes as four words per lane (dd: d and dmin; a0..a2: the 12 bytes of
+ * nm_k4_scale_min): ds[j] = dk * sc_j, ms[j] = dmin * mn_j (as the
+ * dequantisation rounds them). Byte j of a0 holds sc_j (j < 4) and the top
+ * bits of sc_{j+4} in bits 6-7; a1 the same for the mins; byte j of a2 the
+ * low nibbles of sc_{j+4} (low) and mn_{j+4} (high). */
+ALWAYS_INLINE void k4_scales(__m512i dd, __m512i a0, __m512i a1, __m512i a2, __m512 *ds,
+                             __m512 *ms) {
     const __m512 dk = half_lo(dd), dmin = half_lo(_mm512_srli_epi32(dd, 16));
     const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
     for (int j = 0; j < 4; j++) {
@@ -239,6 +237,10 @@ ALWAYS_INLINE size_t kq_bytes(uint32_t type) {
                                    : NM_Q6_K_BYTES;
 }
 
+ALWAYS_INLINE bool is_kquant(uint32_t type) {
+    return type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K || type == NM_DTYPE_Q6_K;
+}
+
 /* Unit i (0, 1) of part p: Q4_K/Q5_K sub-blocks 2p, 2p + 1 (one 32-byte
  * read gives both); Q6_K, half p / 2, units j and j + 2 with j = p % 2
  * (they share their ql bytes). */
@@ -246,28 +248,121 @@ ALWAYS_INLINE int kq_unit(uint32_t type, int p, int i) {
     return type == NM_DTYPE_Q6_K ? 4 * (p / 2) + p % 2 + 2 * i : 2 * p + i;
 }
 
+/* In a super-block of the file: the 32 code bytes of part p (Q4_K/Q5_K
+ * qs[32p..]; Q6_K ql[64 (p / 2) + 32 (p % 2)..]) and the 32 high-bit bytes
+ * of part p (Q5_K qh, the same for every part; Q6_K qh[32 (p / 2)..]). */
+ALWAYS_INLINE size_t kq_codes_at(uint32_t type, int p) {
+    if (type == NM_DTYPE_Q6_K) return 64 * (size_t)(p / 2) + 32 * (size_t)(p % 2);
+    return 4 + NM_K_SCALES_BYTES + (type == NM_DTYPE_Q5_K ? NM_QK_K / 8 : 0) + 32 * (size_t)p;
+}
+ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
+    return type == NM_DTYPE_Q6_K ? NM_QK_K / 2 + 32 * (size_t)(p / 2) : 4 + NM_K_SCALES_BYTES;
+}
+
+/* ---- the panel16 layout (nm_mat_repack) ----
+ * Rows in groups of NC; a group holds its super-blocks one after another,
+ * each as NC * kq_bytes bytes that are what the registers get from the NC
+ * rows of the file, in the order a tile reads them (the hardware
+ * prefetchers follow one ascending stream far better than jumps):
+ *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
+ *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
+ *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
+ *     of bytes), then the NC f16 d;
+ *   Q5_K: qh transposed (8 vectors);
+ *   the codes of parts 0..3, each as the 8 vectors transpose32 gives of its
+ *   code bytes (kq_codes_at); Q6_K: qh[32h..] transposed before the first
+ *   part of half h that uses it.
+ * The same size as the file's rows (NC * 144, 176 or 210 bytes); the rows
+ * after the last whole group keep the file's layout. */
+/* bytes of 8 vectors; of the Q4_K/Q5_K scales; where Q6_K's d start, and
+ * its scales end */
+enum {
+    PK_VEC8 = 8 * 64,
+    PK_K4_SCALES = 4 * 64,
+    PK_Q6_D = 8 * 2 * NC,
+    PK_Q6_SCALES = PK_Q6_D + 2 * NC
+};
+
+ALWAYS_INLINE size_t pk_codes_at(uint32_t type, int p) {
+    switch (type) {
+    case NM_DTYPE_Q4_K:
+        return PK_K4_SCALES + PK_VEC8 * (size_t)p;
+    case NM_DTYPE_Q5_K:
+        return PK_K4_SCALES + PK_VEC8 * (size_t)(1 + p);
+    default: /* Q6_K: qh0, parts 0 and 1, qh1, parts 2 and 3 */
+        return PK_Q6_SCALES + PK_VEC8 * (size_t)(p + 1 + p / 2);
+    }
+}
+ALWAYS_INLINE size_t pk_high_at(uint32_t type, int p) {
+    return type == NM_DTYPE_Q6_K ? PK_Q6_SCALES + PK_VEC8 * (size_t)(3 * (p / 2)) : PK_K4_SCALES;
+}
+
+/* Where a tile's NC weight rows come from: the file's rows, row c at w +
+ * off[c] (voff: the same offsets as a vector), or, when pk is set, a
+ * group of the panel16 layout at pk (from the slice's first super-block). */
+typedef struct wsrc {
+    const uint8_t *w;
+    const int32_t *off;
+    __m512i voff;
+    const uint8_t *pk;
+} wsrc;
+
+ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
+    for (int t = 0; t < 8; t++)
+        v[t] = _mm512_loadu_si512(p + 64 * t);
+}
+
 /* The scales of super-block sb's eight units into o[u].s and o[u].aux;
- * for Q5_K also its qh bytes transposed into h[8]. */
-ALWAYS_INLINE void kq_scales(uint32_t type, const uint8_t *w, const int32_t *off, __m512i voff,
-                             int64_t sb, wpanel_block *o, __m512i *h) {
+ * for Q5_K also its qh bytes transposed into h[8]. packed: from src->pk. */
+ALWAYS_INLINE void kq_scales(uint32_t type, int packed, const wsrc *src, int64_t sb,
+                             wpanel_block *o, __m512i *h) {
     const size_t at = (size_t)sb * kq_bytes(type);
+    const uint8_t *pb = packed ? src->pk + NC * at : NULL; /* scales first */
     if (type != NM_DTYPE_Q6_K) {
+        __m512i dd, a0, a1, a2;
+        if (packed) {
+            dd = _mm512_loadu_si512(pb);
+            a0 = _mm512_loadu_si512(pb + 64);
+            a1 = _mm512_loadu_si512(pb + 128);
+            a2 = _mm512_loadu_si512(pb + 192);
+        } else {
+            dd = gather32(src->w, src->voff, at);
+            a0 = gather32(src->w, src->voff, at + 4);
+            a1 = gather32(src->w, src->voff, at + 8);
+            a2 = gather32(src->w, src->voff, at + 12);
+        }
         __m512 ds[8], ms[8];
-        k4_scales(w, voff, at, ds, ms);
+        k4_scales(dd, a0, a1, a2, ds, ms);
         for (int j = 0; j < 8; j++) {
             o[j].s = ds[j];
             o[j].aux = _mm512_castps_si512(ms[j]);
         }
-        if (type == NM_DTYPE_Q5_K) transpose32(w, off, at + 4 + NM_K_SCALES_BYTES, h);
+        if (type == NM_DTYPE_Q5_K) {
+            if (packed)
+                load8(pb + pk_high_at(type, 0), h);
+            else
+                transpose32(src->w, src->off, at + kq_high_at(type, 0), h);
+        }
         return;
     }
-    /* Q6_K: dk is the last two bytes (read the word ending there); unit u
-     * of half h uses scales 8h + 2u and 8h + 2u + 1, bytes 2u % 4 and
-     * 2u % 4 + 1 of scale word (8h + 2u) / 4 */
-    const __m512 dk = half_lo(_mm512_srli_epi32(gather32(w, voff, at + NM_Q6_K_BYTES - 4), 16));
+    /* Q6_K: unit u uses scales 2u and 2u + 1, kept as the pair of int16
+     * (sc1 & 0xffff) | sc2 << 16 */
+    if (packed) {
+        const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + PK_Q6_D)));
+        for (int u = 0; u < 8; u++) {
+            o[u].aux = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(pb + 2 * NC * u)));
+            o[u].s = dk;
+        }
+        return;
+    }
+    /* in the file dk is the last two bytes (read the word ending there);
+     * the scales of unit u are bytes 2u % 4 and 2u % 4 + 1 of scale word
+     * 2u / 4 */
+    const __m512 dk =
+        half_lo(_mm512_srli_epi32(gather32(src->w, src->voff, at + NM_Q6_K_BYTES - 4), 16));
     for (int u = 0; u < 8; u++) {
         const int k = 2 * u;
-        const __m512i wsc = gather32(w, voff, at + 192 + 4 * (k / 4));
+        const __m512i wsc = gather32(src->w, src->voff, at + 192 + 4 * (k / 4));
         const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(wsc, 24 - 8 * (k % 4)), 24);
         const __m512i s2 = _mm512_srai_epi32(_mm512_slli_epi32(wsc, 16 - 8 * (k % 4)), 24);
         o[u].aux = _mm512_or_si512(_mm512_and_si512(s1, _mm512_set1_epi32(0xffff)),
@@ -284,16 +379,23 @@ ALWAYS_INLINE void kq_scales(uint32_t type, const uint8_t *w, const int32_t *off
  *   sub-block j; h: qh transposed).
  * Q6_K: in half h, unit g takes the low (g < 2) or high nibbles of
  *   ql[64h + 32 (g & 1)..] and bits 2g..2g+1 of qh[32h..] above them. */
-ALWAYS_INLINE void kq_codes(uint32_t type, const uint8_t *w, const int32_t *off, int64_t sb, int p,
+ALWAYS_INLINE void kq_codes(uint32_t type, int packed, const wsrc *src, int64_t sb, int p,
                             const __m512i *h, __m512i *q0, __m512i *q1) {
     const size_t at = (size_t)sb * kq_bytes(type);
+    const uint8_t *pb = packed ? src->pk + NC * at : NULL;
     const __m512i nib = _mm512_set1_epi8(0x0f);
     __m512i v[8];
+    if (packed)
+        load8(pb + pk_codes_at(type, p), v);
+    else
+        transpose32(src->w, src->off, at + kq_codes_at(type, p), v);
     if (type == NM_DTYPE_Q6_K) {
-        const int half = p / 2, j = p % 2;
+        const int j = p % 2;
         __m512i hq[8];
-        transpose32(w, off, at + 64 * half + 32 * j, v);
-        transpose32(w, off, at + 128 + 32 * half, hq);
+        if (packed)
+            load8(pb + pk_high_at(type, p), hq);
+        else
+            transpose32(src->w, src->off, at + kq_high_at(type, p), hq);
         const __m512i top = _mm512_set1_epi8(0x30);
         for (int t = 0; t < 8; t++) {
             /* bits 2g, 2g + 1 of each qh byte moved to bits 4, 5 (g = j, j + 2) */
@@ -305,8 +407,6 @@ ALWAYS_INLINE void kq_codes(uint32_t type, const uint8_t *w, const int32_t *off,
         }
         return;
     }
-    transpose32(w, off,
-                at + 4 + NM_K_SCALES_BYTES + (type == NM_DTYPE_Q5_K ? NM_QK_K / 8 : 0) + 32 * p, v);
     for (int t = 0; t < 8; t++) {
         q0[t] = _mm512_and_si512(v[t], nib);
         q1[t] = _mm512_and_si512(_mm512_srli_epi32(v[t], 4), nib);
@@ -324,12 +424,12 @@ ALWAYS_INLINE void kq_codes(uint32_t type, const uint8_t *w, const int32_t *off,
 }
 
 /* Super-block sb of a K-quant into o[8]. */
-ALWAYS_INLINE void fetch_kq(uint32_t type, const uint8_t *w, const int32_t *off, __m512i voff,
-                            int64_t sb, wpanel_block *o) {
+ALWAYS_INLINE void fetch_kq(uint32_t type, int packed, const wsrc *src, int64_t sb,
+                            wpanel_block *o) {
     __m512i h[8];
-    kq_scales(type, w, off, voff, sb, o, h);
+    kq_scales(type, packed, src, sb, o, h);
     for (int p = 0; p < 4; p++)
-        kq_codes(type, w, off, sb, p, h, o[kq_unit(type, p, 0)].q, o[kq_unit(type, p, 1)].q);
+        kq_codes(type, packed, src, sb, p, h, o[kq_unit(type, p, 0)].q, o[kq_unit(type, p, 1)].q);
 }
 
 /* Units of 32 weights one fetch gives: a block, or a K-quant super-block. */
@@ -344,27 +444,22 @@ ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
         return NM_Q8_0_BYTES;
     case NM_DTYPE_Q4_0:
         return NM_Q4_0_BYTES;
-    case NM_DTYPE_Q4_K:
-        return NM_Q4_K_BYTES;
-    case NM_DTYPE_Q5_K:
-        return NM_Q5_K_BYTES;
     default:
-        return NM_Q6_K_BYTES;
+        return kq_bytes(type);
     }
 }
 
 /* Fetch g (block or super-block) of the NC rows into o[units_per_fetch]. */
-ALWAYS_INLINE void fetch(uint32_t type, const uint8_t *w, const int32_t *off, __m512i voff,
-                         int64_t g, wpanel_block *o) {
+ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, wpanel_block *o) {
     switch (type) {
     case NM_DTYPE_Q8_0:
-        fetch_q8_0(w, off, voff, g, o);
+        fetch_q8_0(src->w, src->off, src->voff, g, o);
         return;
     case NM_DTYPE_Q4_0:
-        fetch_q4_0(w, off, voff, g, o);
+        fetch_q4_0(src->w, src->off, src->voff, g, o);
         return;
     default:
-        fetch_kq(type, w, off, voff, g, o);
+        fetch_kq(type, packed, src, g, o);
         return;
     }
 }
@@ -397,14 +492,15 @@ ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i
 }
 
 /* ---- the register tile: rt activation rows x NC outputs over nb units ----
- * Weights come transposed in registers (panel NULL) or from a panel. acc
- * starts at 0 for the first slice of K, else from y (the partial sums of
- * the slices before: a float stored and reloaded is the same float). pf:
- * the start of the next NC rows, prefetched meanwhile (or NULL). */
-ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, const uint8_t *w,
-                        const int32_t *off, __m512i voff, const int8_t *xq, int64_t ldq,
-                        const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
-                        __mmask16 cmask, int first, const uint8_t *pf) {
+ * Weights come from a panel, or from src (packed: the panel16 layout),
+ * transposed in registers. acc starts at 0 for the first slice of K, else
+ * from y (the partial sums of the slices before: a float stored and
+ * reloaded is the same float). pf: the start of the next NC rows,
+ * prefetched meanwhile (or NULL). */
+ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int packed,
+                        const wsrc *src, const int8_t *xq, int64_t ldq, const xblock *xm,
+                        int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first,
+                        const uint8_t *pf) {
     enum { G_MAX = NM_QK_K / QB };
     const int g_units = units_per_fetch(type);
     const int npf = (int)((NC * fetch_bytes(type) + 63) / 64); /* lines per fetch */
@@ -420,10 +516,10 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, const 
              * part's codes used from registers */
             wpanel_block sc[G_MAX];
             __m512i h[8];
-            kq_scales(type, w, off, voff, g, sc, h);
+            kq_scales(type, packed, src, g, sc, h);
             for (int p = 0; p < 4; p++) {
                 __m512i q[2][8];
-                kq_codes(type, w, off, g, p, h, q[0], q[1]);
+                kq_codes(type, packed, src, g, p, h, q[0], q[1]);
                 for (int i = 0; i < 2; i++) {
                     const int u = kq_unit(type, p, i);
                     const int64_t b = g * g_units + u;
@@ -439,7 +535,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, const 
         if (panel)
             wb = panel + g * g_units;
         else
-            fetch(type, w, off, voff, g, tmp);
+            fetch(type, 0, src, g, tmp);
         for (int ui = 0; ui < g_units; ui++) {
             /* K-quant units in the order the register path uses them */
             const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
@@ -454,12 +550,11 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, const 
 }
 
 /* Tile heights with constant bounds, so the accumulators live in registers. */
-ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, const uint8_t *w,
-                           const int32_t *off, __m512i voff, const int8_t *xq, int64_t ldq,
-                           const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
-                           __mmask16 cmask, int first, const uint8_t *pf) {
-#define NM_TILE(R)                                                                                 \
-    tile(type, R, panel, w, off, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf)
+ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, int packed,
+                           const wsrc *src, const int8_t *xq, int64_t ldq, const xblock *xm,
+                           int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask,
+                           int first, const uint8_t *pf) {
+#define NM_TILE(R) tile(type, R, panel, packed, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf)
     switch (rt) {
     case 6:
         NM_TILE(6);
@@ -483,19 +578,23 @@ ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, con
 #undef NM_TILE
 }
 
-/* Dispatches on whether the weights come from a panel, so the register
- * path's loads are not behind a run-time test in the block loop. */
-ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, const uint8_t *w,
-                            const int32_t *off, __m512i voff, const int8_t *xq, int64_t ldq,
-                            const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
-                            __mmask16 cmask, int first, const uint8_t *pf) {
+/* Dispatches on where the weights come from (a panel, the panel16 layout,
+ * the file's rows) and on prefetching, so that the loads of the block loop
+ * are not behind run-time tests. */
+ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, const wsrc *src,
+                            const int8_t *xq, int64_t ldq, const xblock *xm, int64_t ldm,
+                            int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first,
+                            const uint8_t *pf) {
     if (panel)
-        tile_rt(type, rt, panel, NULL, NULL, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first,
-                NULL);
+        tile_rt(type, rt, panel, 0, NULL, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
+    else if (is_kquant(type) && src->pk && pf)
+        tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
+    else if (is_kquant(type) && src->pk)
+        tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
     else if (pf)
-        tile_rt(type, rt, NULL, w, off, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
+        tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
     else
-        tile_rt(type, rt, NULL, w, off, voff, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
+        tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
 }
 
 ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
@@ -504,6 +603,9 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     const int64_t fetch_k = QB * units_per_fetch(type); /* elements per fetch */
     NM_ASSERT(k % fetch_k == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
+    /* rows in whole groups of the panel16 layout (0 in the file's) */
+    const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
+    NM_ASSERT(n_grouped == 0 || is_kquant(type));
     /* Several row tiles share a panel, repacked once per row block; one tile
      * (m <= RT_MAX) transposes the weights in registers as it goes. */
     const int use_panel = m > RT_MAX;
@@ -522,35 +624,97 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
             xblock *xm = (xblock *)(xbuf + (i1 - i0) * kn);
             for (int64_t i = i0; i < i1; i++)
                 quantise_row(type, x + i * ldx + k0, kn, xq + (i - i0) * kn, xm + (i - i0) * nb);
-            for (int64_t j = j0; j < j1; j += NC) {
-                const int ct = (int)(j1 - j < NC ? j1 - j : NC);
+            for (int64_t j = j0; j < j1;) {
+                /* lane c is row jl + c: a whole group of the panel16 layout,
+                 * of which [j, je) are wanted, or the file's rows [j, je) */
+                const int grouped = j < n_grouped;
+                const int64_t jl = grouped ? j / NC * NC : j;
+                const int64_t je = jl + NC < j1 ? jl + NC : j1;
+                const int ct = (int)(je - jl);
                 int32_t off[NC]; /* byte offset of each lane's row; lanes past ct repeat the last */
                 for (int c = 0; c < NC; c++)
                     off[c] = (int32_t)((size_t)(c < ct ? c : ct - 1) * w->row_bytes);
-                const __m512i voff = _mm512_loadu_si512(off);
-                const uint8_t *wj = (const uint8_t *)w->data + (size_t)j * w->row_bytes +
-                                    (size_t)(k0 / fetch_k) * fetch_bytes(type);
-                const __mmask16 cmask = (__mmask16)((1u << ct) - 1);
+                const uint8_t *wj = (const uint8_t *)w->data + (size_t)jl * w->row_bytes;
+                const size_t at = (size_t)(k0 / fetch_k) * fetch_bytes(type);
+                const wsrc src = {.w = wj + at,
+                                  .off = off,
+                                  .voff = _mm512_loadu_si512(off),
+                                  .pk = grouped ? wj + NC * at : NULL};
+                const __mmask16 cmask = (__mmask16)(((1u << ct) - 1) & ~((1u << (j - jl)) - 1));
                 /* A tile that reads the weights itself (one row, or a few)
-                 * reads its NC rows as NC short streams, which the hardware
-                 * prefetchers follow badly; the next NC rows (contiguous when
-                 * the slice is whole rows) are prefetched into L2 meanwhile,
-                 * in one sweep. Measured (bench/kernels.c, Q8_0 1 x 16384 x
-                 * 2048): 2.5 ms without, 2.5-3.2 ms into L1, 1.1-1.4 ms into L2. */
+                 * prefetches the next NC rows (contiguous when the slice is
+                 * whole rows) into L2 meanwhile, in one sweep: the file's NC
+                 * rows are NC short streams, which the hardware prefetchers
+                 * follow badly, and even the one ascending stream of the
+                 * panel16 layout is read far slower without. Measured: Q8_0
+                 * 1 x 16384 x 2048 (bench/kernels.c) 2.5 ms without, 2.5-3.2
+                 * ms into L1, 1.1-1.4 ms into L2; tg128 of the Q4_K_M model
+                 * of docs/PERFORMANCE.md, 2 threads, 56 tokens/s without,
+                 * 77-80 with, 73-78 with the prefetch two groups ahead. */
                 const uint8_t *pf =
-                    !use_panel && kn == k && j + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
-                if (use_panel)
-                    for (int64_t g = 0; g < kn / fetch_k; g++)
-                        fetch(type, wj, off, voff, g, &panel[g * units_per_fetch(type)]);
+                    !use_panel && kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
+                for (int64_t g = 0; use_panel && g < kn / fetch_k; g++) {
+                    if (is_kquant(type) && grouped)
+                        fetch(type, 1, &src, g, &panel[g * units_per_fetch(type)]);
+                    else
+                        fetch(type, 0, &src, g, &panel[g * units_per_fetch(type)]);
+                }
                 for (int64_t i = i0; i < i1; i += RT_MAX) {
                     const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-                    tile_src(type, rt, use_panel ? panel : NULL, wj, off, voff, xq + (i - i0) * kn,
-                             kn, xm + (i - i0) * nb, nb, nb, y + i * ldy + j, ldy, cmask, k0 == 0,
-                             pf);
+                    tile_src(type, rt, use_panel ? panel : NULL, &src, xq + (i - i0) * kn, kn,
+                             xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf);
+                }
+                j = je;
+            }
+        }
+    }
+}
+
+void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
+    const uint32_t type = w->type;
+    NM_ASSERT(is_kquant(type) && w->k % NM_QK_K == 0 && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
+    const size_t fb = kq_bytes(type);
+    const int64_t n_sb = w->k / NM_QK_K, n_grouped = w->n / NC * NC;
+    int32_t off[NC];
+    for (int c = 0; c < NC; c++)
+        off[c] = (int32_t)((size_t)c * w->row_bytes);
+    for (int64_t j = 0; j < n_grouped; j += NC) {
+        const uint8_t *rows = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
+        uint8_t *out = (uint8_t *)dst + (size_t)j * w->row_bytes;
+        for (int64_t sb = 0; sb < n_sb; sb++) {
+            const size_t at = (size_t)sb * fb;
+            uint8_t *pb = out + NC * at;
+            __m512i v[8];
+            for (int p = 0; p < 4; p++) {
+                transpose32(rows, off, at + kq_codes_at(type, p), v);
+                for (int t = 0; t < 8; t++)
+                    _mm512_storeu_si512(pb + pk_codes_at(type, p) + 64 * t, v[t]);
+            }
+            for (int p = 0; p < (type == NM_DTYPE_Q6_K   ? 4
+                                 : type == NM_DTYPE_Q5_K ? 1
+                                                         : 0);
+                 p += 2) {
+                transpose32(rows, off, at + kq_high_at(type, p), v);
+                for (int t = 0; t < 8; t++)
+                    _mm512_storeu_si512(pb + pk_high_at(type, p) + 64 * t, v[t]);
+            }
+            for (int c = 0; c < NC; c++) {
+                const uint8_t *r = rows + off[c] + at;
+                if (type == NM_DTYPE_Q6_K) {
+                    for (int u = 0; u < 8; u++)
+                        memcpy(pb + 2 * NC * u + 2 * c, r + 192 + 2 * u, 2);
+                    memcpy(pb + PK_Q6_D + 2 * c, r + NM_Q6_K_BYTES - 2, 2);
+                } else {
+                    for (int i = 0; i < 4; i++)
+                        memcpy(pb + 64 * i + 4 * c, r + 4 * i, 4);
                 }
             }
         }
     }
+    memcpy((uint8_t *)dst + (size_t)n_grouped * w->row_bytes,
+           (const uint8_t *)w->data + (size_t)n_grouped * w->row_bytes,
+           (size_t)(w->n - n_grouped) * w->row_bytes);
 }
 
 bool nm_matmul_avx512vnni_quantises(uint32_t type) {
