@@ -125,9 +125,13 @@ bool nm_kernels_check_env(const char **bad) {
 }
 
 bool nm_mat_repack_wanted(const nm_mat *w) {
+#if defined(__x86_64__)
     return nm_kernels_active() == NM_KERNELS_AVX512VNNI && w->layout == NM_LAYOUT_ROWS &&
-           w->n >= 16 &&
-           (w->type == NM_DTYPE_Q4_K || w->type == NM_DTYPE_Q5_K || w->type == NM_DTYPE_Q6_K);
+           w->n >= 16 && nm_matmul_avx512vnni_quantises(w->type);
+#else
+    (void)w;
+    return false;
+#endif
 }
 
 nm_mat nm_mat_repack(const nm_mat *w, void *dst) {

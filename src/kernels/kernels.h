@@ -15,8 +15,8 @@ typedef enum nm_layout {
     /* as in the model file: row j is K elements of `type` at data + j * row_bytes */
     NM_LAYOUT_ROWS = 0,
     /* avx512vnni's (nm_mat_repack): rows in groups of 16, each group's
-     * K-quant super-blocks interleaved as its registers read them; rows past
-     * the last whole group as in NM_LAYOUT_ROWS. The same n * row_bytes. */
+     * blocks or super-blocks interleaved as its registers read them; rows
+     * past the last whole group as in NM_LAYOUT_ROWS. The same n * row_bytes. */
     NM_LAYOUT_PANEL16 = 1
 } nm_layout;
 
@@ -71,8 +71,8 @@ bool nm_kernels_force(nm_kernels_isa isa);
 bool nm_kernels_check_env(const char **bad);
 
 /* Whether the variant in use computes w faster from a copy in a layout of
- * its own: avx512vnni with Q4_K, Q5_K or Q6_K weights of at least 16 rows,
- * in the file's layout. */
+ * its own: avx512vnni with Q8_0, Q4_0, Q4_K, Q5_K or Q6_K weights of at
+ * least 16 rows, in the file's layout. */
 bool nm_mat_repack_wanted(const nm_mat *w);
 /* Writes the n * row_bytes bytes of w (one nm_mat_repack_wanted accepts) to
  * dst, which must not overlap them, in that layout, and returns the matrix

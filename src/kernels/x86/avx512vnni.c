@@ -71,6 +71,16 @@ typedef struct wpanel_block {
     __m512i aux;
 } wpanel_block;
 
+/* Where a tile's NC weight rows come from: the file's rows, row c at w +
+ * off[c] (voff: the same offsets as a vector), or, when pk is set, a
+ * group of the panel16 layout at pk (from the slice's first block). */
+typedef struct wsrc {
+    const uint8_t *w;
+    const int32_t *off;
+    __m512i voff;
+    const uint8_t *pk;
+} wsrc;
+
 /* ---- activation quantisation ---- */
 
 /* n (a multiple of QB) values of x into codes q[n] and blocks meta[n / QB]
@@ -152,25 +162,28 @@ ALWAYS_INLINE void transpose32(const uint8_t *w, const int32_t *off, size_t at, 
     }
 }
 
-/* Block b of the NC rows w + off[c]: Q8_0, codes + 128. */
-ALWAYS_INLINE void fetch_q8_0(const uint8_t *w, const int32_t *off, __m512i voff, int64_t b,
-                              wpanel_block *o) {
-    const size_t at = (size_t)b * NM_Q8_0_BYTES;
-    transpose32(w, off, at + 2, o->q);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
+ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
     for (int t = 0; t < 8; t++)
-        o->q[t] = _mm512_xor_si512(o->q[t], flip);
-    o->s = gather_f16(w + at, voff);
+        v[t] = _mm512_loadu_si512(p + 64 * t);
 }
 
-/* Q4_0: register p starts as [row p | p + 4 | p + 8 | p + 12] (4 dwords of
- * packed nibbles each); dword then qword interleaves leave in register t
- * dword t of every row in order, whose low nibbles are codes 4t.. and high
- * nibbles 16 + 4t.. */
-ALWAYS_INLINE void fetch_q4_0(const uint8_t *w, const int32_t *off, __m512i voff, int64_t b,
-                              wpanel_block *o) {
-    const size_t at = (size_t)b * NM_Q4_0_BYTES;
-    __m512i r[4];
+/* ---- Q8_0 and Q4_0: one block of 32 per fetch. In the panel16 layout a
+ * block of the NC rows is their NC f16 d, then the codes as below ---- */
+
+/* The codes of the Q8_0 blocks at byte at of the NC rows, + 128 (as
+ * unsigned bytes), transposed: q[t] lane c holds codes 4t..4t+3 of row c. */
+ALWAYS_INLINE void q8_0_codes(const uint8_t *w, const int32_t *off, size_t at, __m512i *q) {
+    transpose32(w, off, at + 2, q);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int t = 0; t < 8; t++)
+        q[t] = _mm512_xor_si512(q[t], flip);
+}
+
+/* The packed nibbles of the Q4_0 blocks at byte at of the NC rows: register
+ * p starts as [row p | p + 4 | p + 8 | p + 12] (4 dwords each); dword then
+ * qword interleaves leave in r[t] dword t of every row in order, whose low
+ * nibbles are codes 4t.. and high nibbles 16 + 4t.. */
+ALWAYS_INLINE void q4_0_nibbles(const uint8_t *w, const int32_t *off, size_t at, __m512i *r) {
     for (int p = 0; p < 4; p++) {
         __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w + off[p] + at + 2)));
         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 4] + at + 2)), 1);
@@ -186,12 +199,36 @@ ALWAYS_INLINE void fetch_q4_0(const uint8_t *w, const int32_t *off, __m512i voff
     r[1] = _mm512_unpackhi_epi64(lo01, lo23);
     r[2] = _mm512_unpacklo_epi64(hi01, hi23);
     r[3] = _mm512_unpackhi_epi64(hi01, hi23);
+}
+
+/* Block b of the NC rows: Q8_0 or Q4_0 (codes as unsigned bytes). */
+ALWAYS_INLINE void fetch_block(uint32_t type, int packed, const wsrc *src, int64_t b,
+                               wpanel_block *o) {
+    const size_t bytes = type == NM_DTYPE_Q8_0 ? NM_Q8_0_BYTES : NM_Q4_0_BYTES;
+    const size_t at = (size_t)b * bytes;
+    const uint8_t *pb = packed ? src->pk + NC * at : NULL;
+    if (packed)
+        o->s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+    else
+        o->s = gather_f16(src->w + at, src->voff);
+    if (type == NM_DTYPE_Q8_0) {
+        if (packed)
+            load8(pb + 2 * NC, o->q);
+        else
+            q8_0_codes(src->w, src->off, at, o->q);
+        return;
+    }
+    __m512i r[4];
+    if (packed)
+        for (int t = 0; t < 4; t++)
+            r[t] = _mm512_loadu_si512(pb + 2 * NC + 64 * t);
+    else
+        q4_0_nibbles(src->w, src->off, at, r);
     const __m512i nib = _mm512_set1_epi8(0x0f);
     for (int t = 0; t < 4; t++) {
         o->q[t] = _mm512_and_si512(r[t], nib);
         o->q[t + 4] = _mm512_and_si512(_mm512_srli_epi32(r[t], 4), nib);
     }
-    o->s = gather_f16(w + at, voff);
 }
 
 /* The 32-bit words at byte at of the NC rows (lanes). */
@@ -237,10 +274,6 @@ ALWAYS_INLINE size_t kq_bytes(uint32_t type) {
                                    : NM_Q6_K_BYTES;
 }
 
-ALWAYS_INLINE bool is_kquant(uint32_t type) {
-    return type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K || type == NM_DTYPE_Q6_K;
-}
-
 /* Unit i (0, 1) of part p: Q4_K/Q5_K sub-blocks 2p, 2p + 1 (one 32-byte
  * read gives both); Q6_K, half p / 2, units j and j + 2 with j = p % 2
  * (they share their ql bytes). */
@@ -260,10 +293,11 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
 }
 
 /* ---- the panel16 layout (nm_mat_repack) ----
- * Rows in groups of NC; a group holds its super-blocks one after another,
- * each as NC * kq_bytes bytes that are what the registers get from the NC
- * rows of the file, in the order a tile reads them (the hardware
- * prefetchers follow one ascending stream far better than jumps):
+ * Rows in groups of NC; a group holds its fetches (blocks, super-blocks)
+ * one after another, each as NC * fetch_bytes bytes that are what the
+ * registers get from the NC rows of the file, in the order a tile reads
+ * them (the hardware prefetchers follow one ascending stream far better
+ * than jumps). Q8_0 and Q4_0: see fetch_block. K-quants:
  *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
  *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
  *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
@@ -295,21 +329,6 @@ ALWAYS_INLINE size_t pk_codes_at(uint32_t type, int p) {
 }
 ALWAYS_INLINE size_t pk_high_at(uint32_t type, int p) {
     return type == NM_DTYPE_Q6_K ? PK_Q6_SCALES + PK_VEC8 * (size_t)(3 * (p / 2)) : PK_K4_SCALES;
-}
-
-/* Where a tile's NC weight rows come from: the file's rows, row c at w +
- * off[c] (voff: the same offsets as a vector), or, when pk is set, a
- * group of the panel16 layout at pk (from the slice's first super-block). */
-typedef struct wsrc {
-    const uint8_t *w;
-    const int32_t *off;
-    __m512i voff;
-    const uint8_t *pk;
-} wsrc;
-
-ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
-    for (int t = 0; t < 8; t++)
-        v[t] = _mm512_loadu_si512(p + 64 * t);
 }
 
 /* The scales of super-block sb's eight units into o[u].s and o[u].aux;
@@ -451,17 +470,10 @@ ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
 
 /* Fetch g (block or super-block) of the NC rows into o[units_per_fetch]. */
 ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, wpanel_block *o) {
-    switch (type) {
-    case NM_DTYPE_Q8_0:
-        fetch_q8_0(src->w, src->off, src->voff, g, o);
-        return;
-    case NM_DTYPE_Q4_0:
-        fetch_q4_0(src->w, src->off, src->voff, g, o);
-        return;
-    default:
+    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0)
+        fetch_block(type, packed, src, g, o);
+    else
         fetch_kq(type, packed, src, g, o);
-        return;
-    }
 }
 
 /* acc += one unit of weights (codes q[8], scale s, aux as in wpanel_block)
@@ -535,7 +547,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int pa
         if (panel)
             wb = panel + g * g_units;
         else
-            fetch(type, 0, src, g, tmp);
+            fetch(type, packed, src, g, tmp);
         for (int ui = 0; ui < g_units; ui++) {
             /* K-quant units in the order the register path uses them */
             const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
@@ -587,9 +599,9 @@ ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, co
                             const uint8_t *pf) {
     if (panel)
         tile_rt(type, rt, panel, 0, NULL, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
-    else if (is_kquant(type) && src->pk && pf)
+    else if (src->pk && pf)
         tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
-    else if (is_kquant(type) && src->pk)
+    else if (src->pk)
         tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
     else if (pf)
         tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
@@ -605,7 +617,6 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
     /* rows in whole groups of the panel16 layout (0 in the file's) */
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || is_kquant(type));
     /* Several row tiles share a panel, repacked once per row block; one tile
      * (m <= RT_MAX) transposes the weights in registers as it goes. */
     const int use_panel = m > RT_MAX;
@@ -654,7 +665,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
                 const uint8_t *pf =
                     !use_panel && kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
                 for (int64_t g = 0; use_panel && g < kn / fetch_k; g++) {
-                    if (is_kquant(type) && grouped)
+                    if (grouped)
                         fetch(type, 1, &src, g, &panel[g * units_per_fetch(type)]);
                     else
                         fetch(type, 0, &src, g, &panel[g * units_per_fetch(type)]);
@@ -670,47 +681,64 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     }
 }
 
+/* Fetch at byte at of the NC rows rows + off[c], written at pb in the
+ * panel16 layout. */
+static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off, size_t at,
+                         uint8_t *pb) {
+    __m512i v[8];
+    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0) {
+        for (int c = 0; c < NC; c++)
+            memcpy(pb + 2 * c, rows + off[c] + at, 2);
+        int n_vec = 8;
+        if (type == NM_DTYPE_Q8_0) {
+            q8_0_codes(rows, off, at, v);
+        } else {
+            q4_0_nibbles(rows, off, at, v);
+            n_vec = 4;
+        }
+        for (int t = 0; t < n_vec; t++)
+            _mm512_storeu_si512(pb + 2 * NC + 64 * t, v[t]);
+        return;
+    }
+    for (int p = 0; p < 4; p++) {
+        transpose32(rows, off, at + kq_codes_at(type, p), v);
+        for (int t = 0; t < 8; t++)
+            _mm512_storeu_si512(pb + pk_codes_at(type, p) + 64 * t, v[t]);
+    }
+    const int n_high = type == NM_DTYPE_Q6_K ? 4 : type == NM_DTYPE_Q5_K ? 1 : 0;
+    for (int p = 0; p < n_high; p += 2) {
+        transpose32(rows, off, at + kq_high_at(type, p), v);
+        for (int t = 0; t < 8; t++)
+            _mm512_storeu_si512(pb + pk_high_at(type, p) + 64 * t, v[t]);
+    }
+    for (int c = 0; c < NC; c++) {
+        const uint8_t *r = rows + off[c] + at;
+        if (type == NM_DTYPE_Q6_K) {
+            for (int u = 0; u < 8; u++)
+                memcpy(pb + 2 * NC * u + 2 * c, r + 192 + 2 * u, 2);
+            memcpy(pb + PK_Q6_D + 2 * c, r + NM_Q6_K_BYTES - 2, 2);
+        } else {
+            for (int i = 0; i < 4; i++)
+                memcpy(pb + 64 * i + 4 * c, r + 4 * i, 4);
+        }
+    }
+}
+
 void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
     const uint32_t type = w->type;
-    NM_ASSERT(is_kquant(type) && w->k % NM_QK_K == 0 && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(nm_matmul_avx512vnni_quantises(type) && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(w->k % (QB * units_per_fetch(type)) == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
-    const size_t fb = kq_bytes(type);
-    const int64_t n_sb = w->k / NM_QK_K, n_grouped = w->n / NC * NC;
+    const size_t fb = fetch_bytes(type);
+    const int64_t n_fetch = w->k / (QB * units_per_fetch(type)), n_grouped = w->n / NC * NC;
     int32_t off[NC];
     for (int c = 0; c < NC; c++)
         off[c] = (int32_t)((size_t)c * w->row_bytes);
     for (int64_t j = 0; j < n_grouped; j += NC) {
         const uint8_t *rows = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
         uint8_t *out = (uint8_t *)dst + (size_t)j * w->row_bytes;
-        for (int64_t sb = 0; sb < n_sb; sb++) {
-            const size_t at = (size_t)sb * fb;
-            uint8_t *pb = out + NC * at;
-            __m512i v[8];
-            for (int p = 0; p < 4; p++) {
-                transpose32(rows, off, at + kq_codes_at(type, p), v);
-                for (int t = 0; t < 8; t++)
-                    _mm512_storeu_si512(pb + pk_codes_at(type, p) + 64 * t, v[t]);
-            }
-            for (int p = 0; p < (type == NM_DTYPE_Q6_K   ? 4
-                                 : type == NM_DTYPE_Q5_K ? 1
-                                                         : 0);
-                 p += 2) {
-                transpose32(rows, off, at + kq_high_at(type, p), v);
-                for (int t = 0; t < 8; t++)
-                    _mm512_storeu_si512(pb + pk_high_at(type, p) + 64 * t, v[t]);
-            }
-            for (int c = 0; c < NC; c++) {
-                const uint8_t *r = rows + off[c] + at;
-                if (type == NM_DTYPE_Q6_K) {
-                    for (int u = 0; u < 8; u++)
-                        memcpy(pb + 2 * NC * u + 2 * c, r + 192 + 2 * u, 2);
-                    memcpy(pb + PK_Q6_D + 2 * c, r + NM_Q6_K_BYTES - 2, 2);
-                } else {
-                    for (int i = 0; i < 4; i++)
-                        memcpy(pb + 64 * i + 4 * c, r + 4 * i, 4);
-                }
-            }
-        }
+        for (int64_t f = 0; f < n_fetch; f++)
+            repack_fetch(type, rows, off, (size_t)f * fb, out + NC * (size_t)f * fb);
     }
     memcpy((uint8_t *)dst + (size_t)n_grouped * w->row_bytes,
            (const uint8_t *)w->data + (size_t)n_grouped * w->row_bytes,
