@@ -209,6 +209,10 @@ static nm_status repack_weights(nm_model *m, nm_error *err) {
     repack_all(m, &c);
     if (c.used == 0) return NM_OK;
     void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* huge pages where the system gives them: a fault per 2 MiB instead of
+     * per 4 KiB as the copy is written (measured here: touching 2.8 GiB took
+     * 0.9-1.1 s with, 1.2-1.3 s without; advice, so a failure is harmless) */
+    if (buf != MAP_FAILED) (void)madvise(buf, c.used, MADV_HUGEPAGE);
     if (buf == MAP_FAILED)
         return nm_errorf(err, NM_ERR_NOMEM,
                          "out of memory for the weights in the kernels' layout (%.1f MiB); "
