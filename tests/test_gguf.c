@@ -1034,7 +1034,7 @@ static void test_drop_pages(void) {
         if (!t || !tm) break;
         nm_gguf_drop_pages(g, t->data, N * sizeof(float)); /* read again next round */
         nm_gguf_drop_pages(gm, tm->data, N * sizeof(float));
-        nm_gguf_drop_pages(g, v, N * sizeof(float));                  /* not the file's */
+        nm_gguf_drop_pages(g, v, N * sizeof(float));                   /* not the file's */
         nm_gguf_drop_pages(g, t->data, (size_t)nm_gguf_file_bytes(g)); /* past its end */
     }
     nm_gguf_close(g);
@@ -1044,9 +1044,73 @@ static void test_drop_pages(void) {
     remove(path);
 }
 
+/* A streamed file equals the one built in memory; a source's error stops
+ * it and leaves no file; without data the memory writer refuses. */
+typedef struct stream_src {
+    const uint8_t *data[2];
+    int calls, fail_at;
+} stream_src;
+
+static nm_status give(void *ctx, size_t i, const void **data, nm_error *err) {
+    stream_src *s = ctx;
+    if (s->calls++ == s->fail_at) return nm_errorf(err, NM_ERR_IO, "source failed at %zu", i);
+    *data = s->data[i];
+    return NM_OK;
+}
+
+static void test_stream(void) {
+    uint8_t a[6 * 34], b[40 * 4];
+    for (size_t i = 0; i < sizeof a; i++)
+        a[i] = (uint8_t)(i * 7 % 61); /* q8_0 blocks with small f16 scales */
+    for (size_t i = 0; i < sizeof b; i++)
+        b[i] = (uint8_t)(i % 13);
+    const int64_t ne_a[] = {64, 3}, ne_b[] = {40};
+    nm_gguf_writer *copy = nm_gguf_writer_new(), *lazy = nm_gguf_writer_new();
+    for (int v = 0; v < 2; v++) {
+        nm_gguf_writer *w = v ? lazy : copy;
+        CHECK_INT_EQ(nm_gguf_writer_set_u32(w, "general.alignment", 64), NM_OK);
+        CHECK_INT_EQ(nm_gguf_writer_set_str(w, "general.name", "stream"), NM_OK);
+    }
+    CHECK_INT_EQ(nm_gguf_writer_add_tensor(copy, "a", NM_DTYPE_Q8_0, 2, ne_a, a, sizeof a), NM_OK);
+    CHECK_INT_EQ(nm_gguf_writer_add_tensor(copy, "b", NM_DTYPE_F32, 1, ne_b, b, sizeof b), NM_OK);
+    CHECK_INT_EQ(nm_gguf_writer_add_tensor_info(lazy, "a", NM_DTYPE_Q8_0, 2, ne_a), NM_OK);
+    CHECK_INT_EQ(nm_gguf_writer_add_tensor_info(lazy, "b", NM_DTYPE_F32, 1, ne_b), NM_OK);
+    CHECK_INT_EQ(nm_gguf_writer_add_tensor_info(lazy, "b", NM_DTYPE_F32, 1, ne_b),
+                 NM_ERR_INVALID_ARG); /* duplicate */
+    const int64_t ne_bad[] = {48};
+    CHECK_INT_EQ(nm_gguf_writer_add_tensor_info(lazy, "c", NM_DTYPE_Q8_0, 1, ne_bad),
+                 NM_ERR_INVALID_ARG); /* not whole blocks */
+    nm_error err = {0};
+    uint8_t *want = NULL, *none = NULL;
+    size_t n_want = 0, n_none = 0;
+    CHECK_INT_EQ(nm_gguf_writer_to_memory(copy, &want, &n_want, &err), NM_OK);
+    CHECK_INT_EQ(nm_gguf_writer_to_memory(lazy, &none, &n_none, &err), NM_ERR_INVALID_ARG);
+    CHECK(none == NULL && strstr(err.msg, "'a'") != NULL);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/test_gguf_stream.gguf", NM_BUILD_DIR);
+    CHECK_INT_EQ(nm_gguf_writer_write_file(lazy, path, &err), NM_ERR_INVALID_ARG);
+    stream_src src = {.data = {a, b}, .fail_at = -1};
+    CHECK_INT_EQ(nm_gguf_writer_stream_file(lazy, path, give, &src, &err), NM_OK);
+    CHECK_INT_EQ(src.calls, 2);
+    size_t n_got = 0;
+    uint8_t *got = nm_test_read_file(path, &n_got);
+    CHECK(got && n_got == n_want && memcmp(got, want, n_want) == 0);
+    free(got);
+    src = (stream_src){.data = {a, b}, .fail_at = 1};
+    CHECK_INT_EQ(nm_gguf_writer_stream_file(lazy, path, give, &src, &err), NM_ERR_IO);
+    CHECK(strstr(err.msg, "source failed at 1") != NULL);
+    FILE *f = fopen(path, "rb");
+    CHECK(f == NULL); /* the partial file is gone */
+    if (f) fclose(f);
+    nm_free(want);
+    nm_gguf_writer_free(copy);
+    nm_gguf_writer_free(lazy);
+}
+
 int main(void) {
     test_type_names();
     test_drop_pages();
+    test_stream();
     test_roundtrip_values();
     test_roundtrip_tensors();
     test_real_files();

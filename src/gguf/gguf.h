@@ -132,8 +132,9 @@ const nm_gguf_tensor *nm_gguf_find_tensor(const nm_gguf *gguf, const char *name)
 
 /* ---- writer ---------------------------------------------------------------- */
 
-/* Builds a GGUF v3 file in memory, then writes it. Keys and tensors are
- * written in the order added; tensor data is copied at add time. */
+/* Builds a GGUF v3 file. Keys and tensors are written in the order added;
+ * tensor data is copied at add time, or given by a source as the file is
+ * streamed. */
 typedef struct nm_gguf_writer nm_gguf_writer;
 
 nm_gguf_writer *nm_gguf_writer_new(void); /* NULL on out-of-memory */
@@ -167,10 +168,30 @@ nm_status nm_gguf_writer_add_tensor(nm_gguf_writer *w, const char *name, uint32_
                                     uint32_t n_dims, const int64_t *ne, const void *data,
                                     uint64_t n_bytes);
 
+/* A tensor (checks as above) whose data is not given now: the source of
+ * nm_gguf_writer_stream_file gives it when the file gets there, so a file
+ * larger than memory can be written. */
+nm_status nm_gguf_writer_add_tensor_info(nm_gguf_writer *w, const char *name, uint32_t type,
+                                         uint32_t n_dims, const int64_t *ne);
+
 /* The file's bytes (alignment 32 unless general.alignment was set); the
- * caller frees *out with nm_free. */
+ * caller frees *out with nm_free. NM_ERR_INVALID_ARG when a tensor was
+ * added without data. */
 nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_t *n_bytes,
                                    nm_error *err);
+
+/* Gives tensor i's bytes (as many as its type and shape make), which must
+ * stay valid until the next call; a status other than NM_OK (with err set)
+ * stops the writing. */
+typedef nm_status (*nm_gguf_tensor_source)(void *ctx, size_t i, const void **data, nm_error *err);
+
+/* Writes the file to path as it goes: the header, then each tensor, its
+ * copy or, for a tensor added without data, what source gives (called in
+ * tensor order). Holds no more than the header in memory. On failure the
+ * partial file is removed. */
+nm_status nm_gguf_writer_stream_file(const nm_gguf_writer *w, const char *path,
+                                     nm_gguf_tensor_source source, void *ctx, nm_error *err);
+/* nm_gguf_writer_stream_file without a source. */
 nm_status nm_gguf_writer_write_file(const nm_gguf_writer *w, const char *path, nm_error *err);
 
 #endif /* NM_GGUF_H */

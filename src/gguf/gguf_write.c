@@ -1,6 +1,7 @@
 /* The GGUF v3 writer for tools and tests: keys are serialised when added,
- * tensor data is copied when added, and the file is laid out once at the
- * end (alignment 32 or general.alignment; padding bytes are zero). It refuses
+ * tensor data is copied when added (or, for a streamed file, asked for when
+ * the writer gets to it), and the file is laid out once at the end
+ * (alignment 32 or general.alignment; padding bytes are zero). It refuses
  * anything the reader would refuse, so what it writes always reads back. */
 #include "gguf-impl.h"
 
@@ -33,8 +34,9 @@ typedef struct writer_tensor {
     char *name; /* NUL-terminated copy */
     uint32_t type, n_dims;
     int64_t ne[4];
-    uint8_t *data; /* [n_bytes] copy */
+    uint8_t *data; /* [n_bytes] copy, NULL when deferred */
     uint64_t n_bytes;
+    bool deferred; /* the data comes from a source when the file is streamed */
 } writer_tensor;
 
 struct nm_gguf_writer {
@@ -345,15 +347,16 @@ nm_status nm_gguf_writer_set_arr_str(nm_gguf_writer *w, const char *key, const c
     return finish_kv(w, key, &b);
 }
 
-nm_status nm_gguf_writer_add_tensor(nm_gguf_writer *w, const char *name, uint32_t type,
-                                    uint32_t n_dims, const int64_t *ne, const void *data,
-                                    uint64_t n_bytes) {
+/* Declares a tensor; data is copied, or NULL: given when the file is
+ * streamed. */
+static nm_status add_tensor(nm_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                            const int64_t *ne, const void *data, uint64_t n_bytes, bool deferred) {
     NM_ASSERT(w != NULL && name != NULL && (ne != NULL || n_dims == 0));
     if (name[0] == '\0' || n_dims == 0 || n_dims > 4) return NM_ERR_INVALID_ARG;
     for (size_t i = 0; i < w->n_tensors; i++) {
         if (strcmp(w->tensors[i].name, name) == 0) return NM_ERR_INVALID_ARG;
     }
-    writer_tensor t = {.type = type, .n_dims = n_dims, .ne = {1, 1, 1, 1}};
+    writer_tensor t = {.type = type, .n_dims = n_dims, .ne = {1, 1, 1, 1}, .deferred = deferred};
     int64_t n_rows = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
         if (ne[d] <= 0) return NM_ERR_INVALID_ARG;
@@ -363,22 +366,33 @@ nm_status nm_gguf_writer_add_tensor(nm_gguf_writer *w, const char *name, uint32_
     }
     size_t row_bytes, expect;
     if (!nm_dtype_row_bytes(type, ne[0], &row_bytes) || (uint64_t)n_rows > SIZE_MAX ||
-        !nm_mul_size(row_bytes, (size_t)n_rows, &expect) || expect != n_bytes ||
-        (n_bytes > 0 && data == NULL)) {
+        !nm_mul_size(row_bytes, (size_t)n_rows, &expect) ||
+        (!deferred && (expect != n_bytes || (n_bytes > 0 && data == NULL)))) {
         return NM_ERR_INVALID_ARG;
     }
-    t.n_bytes = n_bytes;
+    t.n_bytes = expect;
     t.name = copy_cstr(name);
-    t.data = nm_malloc((size_t)n_bytes);
-    if (!t.name || !t.data ||
+    t.data = deferred ? NULL : nm_malloc((size_t)expect);
+    if (!t.name || (!deferred && !t.data) ||
         !grow((void **)&w->tensors, &w->cap_tensors, w->n_tensors, sizeof *w->tensors)) {
         nm_free(t.name);
         nm_free(t.data);
         return NM_ERR_NOMEM;
     }
-    memcpy(t.data, data, (size_t)n_bytes);
+    if (!deferred) memcpy(t.data, data, (size_t)expect);
     w->tensors[w->n_tensors++] = t;
     return NM_OK;
+}
+
+nm_status nm_gguf_writer_add_tensor(nm_gguf_writer *w, const char *name, uint32_t type,
+                                    uint32_t n_dims, const int64_t *ne, const void *data,
+                                    uint64_t n_bytes) {
+    return add_tensor(w, name, type, n_dims, ne, data, n_bytes, false);
+}
+
+nm_status nm_gguf_writer_add_tensor_info(nm_gguf_writer *w, const char *name, uint32_t type,
+                                         uint32_t n_dims, const int64_t *ne) {
+    return add_tensor(w, name, type, n_dims, ne, NULL, 0, true);
 }
 
 static bool align_up(size_t n, size_t alignment, size_t *out) {
@@ -386,13 +400,16 @@ static bool align_up(size_t n, size_t alignment, size_t *out) {
     return r == 0 ? (*out = n, true) : nm_add_size(n, alignment - r, out);
 }
 
-nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_t *n_bytes,
-                                   nm_error *err) {
-    NM_ASSERT(w != NULL && out != NULL && n_bytes != NULL);
-    *out = NULL;
-    *n_bytes = 0;
-    /* Sizes first: the header, keys and tensor infos, then the data section
-     * where every tensor starts aligned and is padded to the alignment. */
+/* Where things go: the header, keys and tensor infos take head_bytes; the
+ * data section starts aligned at data_start, every tensor in it starts
+ * aligned and is padded to the alignment; the file is total bytes. With
+ * no tensors there is no data section and no padding, as llama.cpp writes
+ * vocab-only files. */
+typedef struct file_layout {
+    size_t head_bytes, data_start, total;
+} file_layout;
+
+static nm_status layout_of(const nm_gguf_writer *w, file_layout *l, nm_error *err) {
     size_t size = 24, data_bytes = 0;
     bool ok = true;
     for (size_t i = 0; i < w->n_kv && ok; i++)
@@ -403,66 +420,126 @@ nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_
              nm_add_size(data_bytes, (size_t)t->n_bytes, &data_bytes) &&
              align_up(data_bytes, w->alignment, &data_bytes);
     }
-    /* With no tensors there is no data section and no padding, as llama.cpp
-     * writes vocab-only files. */
-    size_t data_start = size, total = size;
-    if (ok && w->n_tensors > 0) {
-        ok = align_up(size, w->alignment, &data_start) &&
-             nm_add_size(data_start, data_bytes, &total);
-    }
+    l->head_bytes = size;
+    l->data_start = size;
+    l->total = size;
+    if (ok && w->n_tensors > 0)
+        ok = align_up(size, w->alignment, &l->data_start) &&
+             nm_add_size(l->data_start, data_bytes, &l->total);
     if (!ok) return nm_errorf(err, NM_ERR_NOMEM, "GGUF file size overflows size_t");
-
-    uint8_t *file = nm_calloc(1, total); /* zero padding comes for free */
-    if (!file) {
-        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a GGUF file of %zu bytes", total);
-    }
-    bytebuf head = {.p = file, .n = 0, .cap = total};
-    put(&head, "GGUF", 4);
-    put_le(&head, 3, 4);
-    put_le(&head, w->n_tensors, 8);
-    put_le(&head, w->n_kv, 8);
-    for (size_t i = 0; i < w->n_kv; i++)
-        put(&head, w->kvs[i].bytes, w->kvs[i].n_bytes);
-    size_t offset = 0;
-    for (size_t i = 0; i < w->n_tensors; i++) {
-        const writer_tensor *t = &w->tensors[i];
-        put_str(&head, t->name, strlen(t->name));
-        put_le(&head, t->n_dims, 4);
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            put_le(&head, (uint64_t)t->ne[d], 8);
-        put_le(&head, t->type, 4);
-        put_le(&head, offset, 8);
-        memcpy(file + data_start + offset, t->data, (size_t)t->n_bytes);
-        align_up(offset + (size_t)t->n_bytes, w->alignment, &offset);
-    }
-    NM_ASSERT(!head.failed && head.n == size);
-    *out = file;
-    *n_bytes = total;
     return NM_OK;
 }
 
-nm_status nm_gguf_writer_write_file(const nm_gguf_writer *w, const char *path, nm_error *err) {
-    NM_ASSERT(path != NULL);
-    uint8_t *bytes;
-    size_t n_bytes;
-    nm_status st = nm_gguf_writer_to_memory(w, &bytes, &n_bytes, err);
+/* The header, keys and tensor infos into head (head_bytes of it). */
+static void put_head(const nm_gguf_writer *w, bytebuf *head) {
+    put(head, "GGUF", 4);
+    put_le(head, 3, 4);
+    put_le(head, w->n_tensors, 8);
+    put_le(head, w->n_kv, 8);
+    for (size_t i = 0; i < w->n_kv; i++)
+        put(head, w->kvs[i].bytes, w->kvs[i].n_bytes);
+    size_t offset = 0;
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        const writer_tensor *t = &w->tensors[i];
+        put_str(head, t->name, strlen(t->name));
+        put_le(head, t->n_dims, 4);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            put_le(head, (uint64_t)t->ne[d], 8);
+        put_le(head, t->type, 4);
+        put_le(head, offset, 8);
+        align_up(offset + (size_t)t->n_bytes, w->alignment, &offset);
+    }
+}
+
+nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_t *n_bytes,
+                                   nm_error *err) {
+    NM_ASSERT(w != NULL && out != NULL && n_bytes != NULL);
+    *out = NULL;
+    *n_bytes = 0;
+    for (size_t i = 0; i < w->n_tensors; i++)
+        if (w->tensors[i].deferred)
+            return nm_errorf(err, NM_ERR_INVALID_ARG,
+                             "tensor '%s' has no data here: stream the file instead",
+                             w->tensors[i].name);
+    file_layout l;
+    nm_status st = layout_of(w, &l, err);
+    if (st != NM_OK) return st;
+    uint8_t *file = nm_calloc(1, l.total); /* zero padding comes for free */
+    if (!file) {
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a GGUF file of %zu bytes", l.total);
+    }
+    bytebuf head = {.p = file, .n = 0, .cap = l.total};
+    put_head(w, &head);
+    NM_ASSERT(!head.failed && head.n == l.head_bytes);
+    size_t offset = 0;
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        const writer_tensor *t = &w->tensors[i];
+        memcpy(file + l.data_start + offset, t->data, (size_t)t->n_bytes);
+        align_up(offset + (size_t)t->n_bytes, w->alignment, &offset);
+    }
+    *out = file;
+    *n_bytes = l.total;
+    return NM_OK;
+}
+
+/* n zero bytes to f. */
+static bool write_zeros(FILE *f, size_t n) {
+    static const uint8_t zeros[4096];
+    while (n > 0) {
+        const size_t k = n < sizeof zeros ? n : sizeof zeros;
+        if (fwrite(zeros, 1, k, f) != k) return false;
+        n -= k;
+    }
+    return true;
+}
+
+nm_status nm_gguf_writer_stream_file(const nm_gguf_writer *w, const char *path,
+                                     nm_gguf_tensor_source source, void *ctx, nm_error *err) {
+    NM_ASSERT(w != NULL && path != NULL);
+    for (size_t i = 0; i < w->n_tensors && !source; i++)
+        if (w->tensors[i].deferred)
+            return nm_errorf(err, NM_ERR_INVALID_ARG,
+                             "%s: tensor '%s' has no data and no source gives it", path,
+                             w->tensors[i].name);
+    file_layout l;
+    nm_status st = layout_of(w, &l, err);
     if (st != NM_OK) return nm_error_prefix(err, "%s", path);
+    bytebuf head = {0};
+    put_head(w, &head);
+    if (head.failed) {
+        nm_free(head.p);
+        return nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory for the GGUF header", path);
+    }
     FILE *f = fopen(path, "wb");
     if (!f) {
         int e = errno;
-        nm_free(bytes);
+        nm_free(head.p);
         return nm_errorf(err, NM_ERR_IO, "%s: cannot create: %s", path, strerror(e));
     }
-    bool ok = fwrite(bytes, 1, n_bytes, f) == n_bytes;
+    bool ok = fwrite(head.p, 1, head.n, f) == head.n && write_zeros(f, l.data_start - head.n);
+    nm_free(head.p);
+    for (size_t i = 0; i < w->n_tensors && ok && st == NM_OK; i++) {
+        const writer_tensor *t = &w->tensors[i];
+        const void *data = t->data;
+        if (t->deferred) st = source(ctx, i, &data, err);
+        size_t end;
+        align_up((size_t)t->n_bytes, w->alignment, &end);
+        if (st == NM_OK)
+            ok = fwrite(data, 1, (size_t)t->n_bytes, f) == (size_t)t->n_bytes &&
+                 write_zeros(f, end - (size_t)t->n_bytes);
+    }
     int e = errno;
-    nm_free(bytes);
     if (fclose(f) != 0 && ok) {
         ok = false;
         e = errno;
     }
-    if (!ok) {
-        return nm_errorf(err, NM_ERR_IO, "%s: cannot write %zu bytes: %s", path, n_bytes,
-                         strerror(e));
-    }
-    return NM_OK;
+    if (st == NM_OK && !ok)
+        st =
+            nm_errorf(err, NM_ERR_IO, "%s: cannot write %zu bytes: %s", path, l.total, strerror(e));
+    if (st != NM_OK) remove(path); /* no partial file */
+    return st;
+}
+
+nm_status nm_gguf_writer_write_file(const nm_gguf_writer *w, const char *path, nm_error *err) {
+    return nm_gguf_writer_stream_file(w, path, NULL, NULL, err);
 }

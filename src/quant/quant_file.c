@@ -1,8 +1,8 @@
 /* The driver of npumoe quantize: reads a GGUF file, converts the tensors
  * nm_quant_choose picks (rows in parallel on the thread pool), copies the
- * rest and every key, and writes the result under a temporary name that is
- * renamed at the end. Not here: the type rules (mix.c), the block formats
- * (tensor/quantize.c). */
+ * rest and every key, and streams the result, one tensor in memory at a
+ * time, to a temporary name that is renamed at the end. Not here: the type rules (mix.c), the block
+ * formats (tensor/quantize.c). */
 #include "quant.h"
 
 #include "base/base.h"
@@ -224,45 +224,62 @@ static nm_status check_input(const char *in_path, const char *out_path, const nm
     return NM_OK;
 }
 
-static nm_status add_tensors(const nm_gguf *g, const nm_quant_choice *choices,
-                             const nm_quant_params *p, nm_pool *pool, nm_gguf_writer *w,
-                             nm_quant_summary *sum, nm_error *err) {
-    const uint64_t n = nm_gguf_n_tensors(g);
-    for (uint64_t i = 0; i < n; i++) {
+/* Every tensor declared with its output type and shape; the data comes
+ * when the file is streamed (give_tensor). */
+static nm_status declare_tensors(const nm_gguf *g, const nm_quant_choice *choices,
+                                 nm_gguf_writer *w, nm_error *err) {
+    for (uint64_t i = 0; i < nm_gguf_n_tensors(g); i++) {
         const nm_gguf_tensor *t = nm_gguf_tensor_at(g, i);
-        const nm_quant_choice *c = &choices[i];
-        const void *data = t->data;
-        uint8_t *owned = NULL;
-        size_t n_bytes = (size_t)t->n_bytes;
-        if (c->convert) {
-            nm_status st = convert_tensor(pool, t, c->type, &owned, &n_bytes, err);
-            if (st != NM_OK) {
-                nm_error_prefix(err, "tensor %.*s", (int)t->name.len, t->name.ptr);
-                return st;
-            }
-            data = owned;
-        }
         char *name = cstr(t->name);
         nm_status st =
-            name ? nm_gguf_writer_add_tensor(w, name, c->type, t->n_dims, t->ne, data, n_bytes)
+            name ? nm_gguf_writer_add_tensor_info(w, name, choices[i].type, t->n_dims, t->ne)
                  : NM_ERR_NOMEM;
-        nm_free(owned);
         nm_free(name);
-        if (st != NM_OK) {
+        if (st != NM_OK)
             return nm_errorf(err, st, "tensor %.*s: cannot add it to the output (%s)",
                              (int)t->name.len, t->name.ptr, nm_status_str(st));
-        }
-        int64_t n_elements = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-        sum->n_elements += (uint64_t)n_elements;
-        sum->in_data_bytes += t->n_bytes;
-        sum->out_data_bytes += n_bytes;
-        sum->n_converted += c->convert;
-        sum->n_fallback += c->eligible && c->type != c->wanted;
-        if (p->progress) {
-            nm_quant_progress pr = {
-                .index = i, .n_tensors = n, .tensor = t, .choice = c, .out_bytes = n_bytes};
-            p->progress(p->progress_ctx, &pr);
-        }
+    }
+    return NM_OK;
+}
+
+/* The tensors' data as the writer streams the file: one converted tensor
+ * in memory at a time; the input's pages leave memory once read. */
+typedef struct tensor_feed {
+    const nm_gguf *g;
+    const nm_quant_choice *choices;
+    const nm_quant_params *p;
+    nm_pool *pool;
+    nm_quant_summary *sum;
+    uint8_t *owned; /* the last converted tensor */
+} tensor_feed;
+
+static nm_status give_tensor(void *ctx, size_t i, const void **data, nm_error *err) {
+    tensor_feed *f = ctx;
+    const nm_gguf_tensor *t = nm_gguf_tensor_at(f->g, i);
+    const nm_quant_choice *c = &f->choices[i];
+    nm_free(f->owned);
+    f->owned = NULL;
+    size_t n_bytes = (size_t)t->n_bytes;
+    *data = t->data;
+    if (c->convert) {
+        nm_status st = convert_tensor(f->pool, t, c->type, &f->owned, &n_bytes, err);
+        if (st != NM_OK) return nm_error_prefix(err, "tensor %.*s", (int)t->name.len, t->name.ptr);
+        *data = f->owned;
+        nm_gguf_drop_pages(f->g, t->data, (size_t)t->n_bytes);
+    }
+    nm_quant_summary *sum = f->sum;
+    sum->n_elements += (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
+    sum->in_data_bytes += t->n_bytes;
+    sum->out_data_bytes += n_bytes;
+    sum->n_converted += c->convert;
+    sum->n_fallback += c->eligible && c->type != c->wanted;
+    if (f->p->progress) {
+        nm_quant_progress pr = {.index = i,
+                                .n_tensors = nm_gguf_n_tensors(f->g),
+                                .tensor = t,
+                                .choice = c,
+                                .out_bytes = n_bytes};
+        f->p->progress(f->p->progress_ctx, &pr);
     }
     return NM_OK;
 }
@@ -309,8 +326,12 @@ nm_status nm_quantize_file(const char *in_path, const char *out_path, const nm_q
     }
     if (st == NM_OK) st = copy_keys(g, p->kind, w, err);
     if (st == NM_OK) st = nm_pool_new(p->n_threads, &pool, err);
-    if (st == NM_OK) st = add_tensors(g, choices, p, pool, w, &sum, err);
-    if (st == NM_OK) st = nm_gguf_writer_write_file(w, tmp, err);
+    if (st == NM_OK) st = declare_tensors(g, choices, w, err);
+    if (st == NM_OK) {
+        tensor_feed feed = {.g = g, .choices = choices, .p = p, .pool = pool, .sum = &sum};
+        st = nm_gguf_writer_stream_file(w, tmp, give_tensor, &feed, err);
+        nm_free(feed.owned);
+    }
     if (st == NM_OK) {
         struct stat so;
         if (stat(tmp, &so) == 0) sum.out_file_bytes = (uint64_t)so.st_size;
