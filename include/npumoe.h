@@ -54,9 +54,10 @@ typedef struct nm_model_params {
     bool verbose;     /* reserved for load progress; false = quiet */
     nm_compat compat; /* NM_COMPAT_NONE by default */
     /* false (default): weights whose kernels run faster from a layout of
-     * their own (quantised ones under avx512vnni) are copied into it at load, and
-     * the file's pages of them released; true: every weight is read from the
-     * file's mapping as it is (no copy, no load-time pass over the file) */
+     * their own (Q4_0 and K-quants under avx512vnni) are copied into it at
+     * load, and the file's pages of them released; true: every weight is
+     * read from the file's mapping as it is (no copy, no load-time pass
+     * over the file) */
     bool no_repack;
 } nm_model_params;
 

@@ -127,7 +127,7 @@ bool nm_kernels_check_env(const char **bad) {
 bool nm_mat_repack_wanted(const nm_mat *w) {
 #if defined(__x86_64__)
     return nm_kernels_active() == NM_KERNELS_AVX512VNNI && w->layout == NM_LAYOUT_ROWS &&
-           w->n >= 16 && nm_matmul_avx512vnni_quantises(w->type);
+           w->n >= 16 && nm_kernels_is_block_quant(w->type);
 #else
     (void)w;
     return false;

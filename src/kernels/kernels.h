@@ -71,8 +71,9 @@ bool nm_kernels_force(nm_kernels_isa isa);
 bool nm_kernels_check_env(const char **bad);
 
 /* Whether the variant in use computes w faster from a copy in a layout of
- * its own: avx512vnni with Q8_0, Q4_0, Q4_K, Q5_K or Q6_K weights of at
- * least 16 rows, in the file's layout. */
+ * its own: avx512vnni with Q4_0, Q4_K, Q5_K or Q6_K weights of at least 16
+ * rows, in the file's layout (Q8_0 rows, which need no unpacking, measured
+ * no faster repacked; docs/PERFORMANCE.md). */
 bool nm_mat_repack_wanted(const nm_mat *w);
 /* Writes the n * row_bytes bytes of w (one nm_mat_repack_wanted accepts) to
  * dst, which must not overlap them, in that layout, and returns the matrix

@@ -126,7 +126,7 @@ static const option_def option_table[] = {
      "semantics: none = the model as trained (default); llama.cpp = llama.cpp's graph and "
      "numerics (phimoe: RMSNorm+bias and softmax top-k routing; F16 activations)"},
     {"no-repack", 0, KIND_FLAG, F(no_repack), 0, 0, ALL_MODEL, NULL,
-     "compute from the file's weights as they are, without copying quantised ones into the "
+     "compute from the file's weights as they are, without copying Q4_0/K-quant ones into the "
      "avx512vnni kernels' faster layout at load (less memory traffic at start, slower decoding)"},
     {"candidate-compat", 0, KIND_STR, F(cand_compat), 0, 0, CMD_COMPARE, "none|llama.cpp",
      "candidate's semantics (default: --compat); e.g. phimoe as trained vs llama.cpp's"},

@@ -167,8 +167,9 @@ ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
         v[t] = _mm512_loadu_si512(p + 64 * t);
 }
 
-/* ---- Q8_0 and Q4_0: one block of 32 per fetch. In the panel16 layout a
- * block of the NC rows is their NC f16 d, then the codes as below ---- */
+/* ---- Q8_0 and Q4_0: one block of 32 per fetch. In the panel16 layout
+ * (Q4_0 only) a block of the NC rows is their NC f16 d, then the four
+ * vectors of q4_0_nibbles ---- */
 
 /* The codes of the Q8_0 blocks at byte at of the NC rows, + 128 (as
  * unsigned bytes), transposed: q[t] lane c holds codes 4t..4t+3 of row c. */
@@ -201,23 +202,21 @@ ALWAYS_INLINE void q4_0_nibbles(const uint8_t *w, const int32_t *off, size_t at,
     r[3] = _mm512_unpackhi_epi64(hi01, hi23);
 }
 
-/* Block b of the NC rows: Q8_0 or Q4_0 (codes as unsigned bytes). */
+/* Block b of the NC rows: Q8_0 (the file's rows only) or Q4_0 (codes as
+ * unsigned bytes). */
 ALWAYS_INLINE void fetch_block(uint32_t type, int packed, const wsrc *src, int64_t b,
                                wpanel_block *o) {
-    const size_t bytes = type == NM_DTYPE_Q8_0 ? NM_Q8_0_BYTES : NM_Q4_0_BYTES;
-    const size_t at = (size_t)b * bytes;
+    const size_t at = (size_t)b * (type == NM_DTYPE_Q8_0 ? NM_Q8_0_BYTES : NM_Q4_0_BYTES);
+    if (type == NM_DTYPE_Q8_0) {
+        o->s = gather_f16(src->w + at, src->voff);
+        q8_0_codes(src->w, src->off, at, o->q);
+        return;
+    }
     const uint8_t *pb = packed ? src->pk + NC * at : NULL;
     if (packed)
         o->s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
     else
         o->s = gather_f16(src->w + at, src->voff);
-    if (type == NM_DTYPE_Q8_0) {
-        if (packed)
-            load8(pb + 2 * NC, o->q);
-        else
-            q8_0_codes(src->w, src->off, at, o->q);
-        return;
-    }
     __m512i r[4];
     if (packed)
         for (int t = 0; t < 4; t++)
@@ -297,7 +296,7 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  * one after another, each as NC * fetch_bytes bytes that are what the
  * registers get from the NC rows of the file, in the order a tile reads
  * them (the hardware prefetchers follow one ascending stream far better
- * than jumps). Q8_0 and Q4_0: see fetch_block. K-quants:
+ * than jumps). Q4_0: see fetch_block. K-quants:
  *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
  *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
  *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
@@ -515,14 +514,14 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int pa
                         const uint8_t *pf) {
     enum { G_MAX = NM_QK_K / QB };
     const int g_units = units_per_fetch(type);
-    const int npf = (int)((NC * fetch_bytes(type) + 63) / 64); /* lines per fetch */
+    const size_t fb = NC * fetch_bytes(type); /* bytes of the NC rows per fetch */
     __m512 acc[RT_MAX];
     for (int r = 0; r < rt; r++)
         acc[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
     for (int64_t g = 0; g < nb / g_units; g++) {
         if (pf)
-            for (int l = 0; l < npf; l++)
-                _mm_prefetch((const char *)pf + (g * npf + l) * 64, _MM_HINT_T1);
+            for (size_t at = (size_t)g * fb / 64 * 64; at < (size_t)(g + 1) * fb; at += 64)
+                _mm_prefetch((const char *)pf + at, _MM_HINT_T1); /* the lines of fetch g */
         if (g_units > 1 && !panel) {
             /* a K-quant super-block read here: scales once, then each
              * part's codes used from registers */
@@ -617,6 +616,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
     /* rows in whole groups of the panel16 layout (0 in the file's) */
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
     /* Several row tiles share a panel, repacked once per row block; one tile
      * (m <= RT_MAX) transposes the weights in registers as it goes. */
     const int use_panel = m > RT_MAX;
@@ -686,17 +686,11 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
 static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off, size_t at,
                          uint8_t *pb) {
     __m512i v[8];
-    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0) {
+    if (type == NM_DTYPE_Q4_0) {
         for (int c = 0; c < NC; c++)
             memcpy(pb + 2 * c, rows + off[c] + at, 2);
-        int n_vec = 8;
-        if (type == NM_DTYPE_Q8_0) {
-            q8_0_codes(rows, off, at, v);
-        } else {
-            q4_0_nibbles(rows, off, at, v);
-            n_vec = 4;
-        }
-        for (int t = 0; t < n_vec; t++)
+        q4_0_nibbles(rows, off, at, v);
+        for (int t = 0; t < 4; t++)
             _mm512_storeu_si512(pb + 2 * NC + 64 * t, v[t]);
         return;
     }
@@ -726,7 +720,7 @@ static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off,
 
 void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
     const uint32_t type = w->type;
-    NM_ASSERT(nm_matmul_avx512vnni_quantises(type) && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(nm_kernels_is_block_quant(type) && w->layout == NM_LAYOUT_ROWS);
     NM_ASSERT(w->k % (QB * units_per_fetch(type)) == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const size_t fb = fetch_bytes(type);
