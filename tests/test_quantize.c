@@ -597,6 +597,27 @@ static void test_mix_rules(void) {
         nm_gguf_close(g);
         free(bytes);
     }
+    /* the _S mixes: Q4_K_S gives q5_K to the first 4 attn_v and the ffn_down
+     * of the first eighth of the layers; Q5_K_S only bumps the output */
+    for (int kind = NM_QUANT_Q4_K_S; kind <= NM_QUANT_Q5_K_S; kind++) {
+        uint8_t *bytes = NULL;
+        nm_gguf *g = open_synthetic("llama", 32, 0, specs, n, &bytes);
+        nm_quant_choice c[2 * 32 + 6];
+        CHECK_INT_EQ(nm_quant_choose(g, (nm_quant_kind)kind, c, NULL), NM_OK);
+        const bool q4 = kind == NM_QUANT_Q4_K_S;
+        const uint32_t base = q4 ? NM_DTYPE_Q4_K : NM_DTYPE_Q5_K;
+        int bad = 0;
+        for (int i = 0; i < 64; i++) {
+            const int layer = 31 - i / 2;
+            bad += c[i].type != (q4 && layer < 4 ? NM_DTYPE_Q5_K : base) || !c[i].convert;
+        }
+        CHECK_INT_EQ(bad, 0);
+        CHECK_INT_EQ(c[64].type, base);          /* token_embd, untied */
+        CHECK_INT_EQ(c[65].type, NM_DTYPE_Q6_K); /* output */
+        CHECK(c[68].type == NM_DTYPE_Q8_0 && c[68].wanted == base);
+        nm_gguf_close(g);
+        free(bytes);
+    }
     /* tied output, and an output whose rows 256 does not divide */
     const spec tied[] = {{"token_embd.weight", 256, 3, 1}, {"blk.0.attn_v.weight", 256, 2, 1}};
     const spec narrow[] = {{"output.weight", 96, 3, 1}};

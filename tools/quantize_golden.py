@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Makes tests/quantize_golden.txt: what llama.cpp's llama-quantize writes for
 the shipped model, so tests/test_quantize.c can check npumoe's quantisers
-byte for byte (as CRC-32s) and its q4_k_m / q5_k_m type choices.
+byte for byte (as CRC-32s) and its q4_k_m / q5_k_m / q4_k_s / q5_k_s type
+choices.
 
 What it is for: regenerating the golden after the shipped model changes, on a
 machine with a llama.cpp build. What it is not: run by the tests (they only
@@ -38,6 +39,8 @@ RUNS = [
     ("q6_k", ["--pure"], "Q6_K"),
     ("q4_k_m", [], "Q4_K_M"),
     ("q5_k_m", [], "Q5_K_M"),
+    ("q4_k_s", [], "Q4_K_S"),
+    ("q5_k_s", [], "Q5_K_S"),
     ("f32", ["--pure"], "F32"),
     ("f16", ["--pure"], "F16"),
     ("bf16", ["--pure"], "BF16"),
@@ -122,7 +125,7 @@ def main():
             if r.returncode != 0:
                 sys.exit(f"llama-quantize {kind} failed:\n{r.stderr[-2000:]}")
             for name, t, data in read_tensors(out):
-                if kind.endswith("_m"):
+                if kind.endswith(("_m", "_s")):  # the mixes
                     lines.append(f"type {kind} {name} {TYPE_NAMES[t]}")
                 elif t not in (0, 1, 30) or TYPE_NAMES[t] == kind:  # made by this run
                     lines.append(f"bytes {kind} {name} {TYPE_NAMES[t]} {zlib.crc32(data):08x} {len(data)}")

@@ -1,7 +1,8 @@
 /* Which type each tensor of a file is quantised to: the single types, and the
- * Q4_K_M / Q5_K_M mixes by the rules of llama.cpp's src/llama-quant.cpp (the
- * version the golden vectors were made with), restricted to what those two
- * mixes use. Names are matched as llama.cpp matches them, by substring. */
+ * Q4_K_M / Q5_K_M / Q4_K_S / Q5_K_S mixes by the rules of llama.cpp's
+ * src/llama-quant.cpp (the version the golden vectors were made with),
+ * restricted to what those mixes use. Names are matched as llama.cpp matches
+ * them, by substring. */
 #include "quant.h"
 
 #include "base/base.h"
@@ -24,11 +25,13 @@ static const struct {
     [NM_QUANT_Q6_K] = {"q6_k", NM_DTYPE_Q6_K, 18, false},
     [NM_QUANT_Q4_K_M] = {"q4_k_m", NM_DTYPE_Q4_K, 15, true},
     [NM_QUANT_Q5_K_M] = {"q5_k_m", NM_DTYPE_Q5_K, 17, true},
+    [NM_QUANT_Q4_K_S] = {"q4_k_s", NM_DTYPE_Q4_K, 14, true},
+    [NM_QUANT_Q5_K_S] = {"q5_k_s", NM_DTYPE_Q5_K, 16, true},
     [NM_QUANT_F32] = {"f32", NM_DTYPE_F32, 0, false},
     [NM_QUANT_F16] = {"f16", NM_DTYPE_F16, 1, false},
     [NM_QUANT_BF16] = {"bf16", NM_DTYPE_BF16, 32, false},
 };
-_Static_assert(NM_QUANT_KIND_COUNT == 10, "kind_table covers every kind");
+_Static_assert(NM_QUANT_KIND_COUNT == 12, "kind_table covers every kind");
 
 nm_status nm_quant_kind_parse(const char *name, nm_quant_kind *out, nm_error *err) {
     NM_ASSERT(name != NULL && out != NULL);
@@ -47,7 +50,7 @@ nm_status nm_quant_kind_parse(const char *name, nm_quant_kind *out, nm_error *er
     return nm_errorf(
         err, NM_ERR_INVALID_ARG,
         "unknown quantisation type '%s' (q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, "
-        "f32, f16, bf16)",
+        "q4_k_s, q5_k_s, f32, f16, bf16)",
         name);
 }
 
@@ -203,7 +206,7 @@ static nm_status read_mix_info(const nm_gguf *g, mix_info *mi, nm_error *err) {
     nm_gguf_str arch;
     nm_status st = nm_gguf_get_str(g, "general.architecture", &arch, err);
     if (st != NM_OK) {
-        nm_error_prefix(err, "the q*_k_m mixes need the architecture");
+        nm_error_prefix(err, "the q*_k_m and q*_k_s mixes need the architecture");
         return st;
     }
     if (arch.len > 64) return nm_errorf(err, NM_ERR_FORMAT, "general.architecture is too long");
@@ -212,7 +215,7 @@ static nm_status read_mix_info(const nm_gguf *g, mix_info *mi, nm_error *err) {
     uint32_t u;
     st = nm_gguf_get_u32(g, key, &u, err);
     if (st != NM_OK) {
-        nm_error_prefix(err, "the q*_k_m mixes need the layer count");
+        nm_error_prefix(err, "the q*_k_m and q*_k_s mixes need the layer count");
         return st;
     }
     if (u == 0 || u > 1000000)
@@ -243,17 +246,23 @@ static int rank_in_category(const nm_gguf *g, const nm_gguf_tensor *t, category 
     return rank;
 }
 
-/* llama_tensor_get_type_impl for LLAMA_FTYPE_MOSTLY_Q4_K_M and Q5_K_M. Left
- * out, as npumoe cannot know it: the bump of attn_v for LLM_TYPE_70B. */
+/* llama_tensor_get_type_impl for LLAMA_FTYPE_MOSTLY_Q4_K_M, Q5_K_M, Q4_K_S
+ * and Q5_K_S. Left out, as npumoe cannot know it: the bump of attn_v for
+ * LLM_TYPE_70B. */
 static nm_status mix_type(const nm_gguf *g, const mix_info *mi, nm_quant_kind kind,
                           const nm_gguf_tensor *t, uint32_t *type, nm_error *err) {
-    const bool q4 = kind == NM_QUANT_Q4_K_M;
+    const bool q4 = kind == NM_QUANT_Q4_K_M, q4s = kind == NM_QUANT_Q4_K_S;
+    const bool m = kind == NM_QUANT_Q4_K_M || kind == NM_QUANT_Q5_K_M;
     const category cat = category_of(t->name);
     *type = nm_quant_base_type(kind);
     if (cat == CAT_OUTPUT || (mi->tied && cat == CAT_TOKEN_EMBD)) {
         *type = mi->falcon || t->ne[0] % NM_QK_K != 0 ? NM_DTYPE_Q8_0 : NM_DTYPE_Q6_K;
     } else if (cat == CAT_ATTN_V) {
-        if (more_bits(rank_in_category(g, t, CAT_ATTN_V), mi->n_attn_v)) *type = NM_DTYPE_Q6_K;
+        const int rank = rank_in_category(g, t, CAT_ATTN_V);
+        if (m && more_bits(rank, mi->n_attn_v))
+            *type = NM_DTYPE_Q6_K;
+        else if (q4s && rank < 4)
+            *type = NM_DTYPE_Q5_K;
         if (mi->n_expert == 8) *type = NM_DTYPE_Q8_0; /* Mixtral-8x: cheap, so more bits */
     } else if (cat == CAT_ATTN_K) {
         if (mi->n_expert == 8) *type = NM_DTYPE_Q8_0;
@@ -272,11 +281,13 @@ static nm_status mix_type(const nm_gguf *g, const mix_info *mi, nm_quant_kind ki
             *type = layer < n / 16        ? NM_DTYPE_Q6_K
                     : more_bits(layer, n) ? NM_DTYPE_Q5_K
                                           : NM_DTYPE_Q4_K;
-        } else if (more_bits(layer, n)) {
+        } else if (m && more_bits(layer, n)) {
             *type = NM_DTYPE_Q6_K;
+        } else if (q4s && !mi->falcon && layer < n / 8) {
+            *type = NM_DTYPE_Q5_K;
         }
     } else if (cat == CAT_ATTN_OUTPUT) {
-        if (q4 && !mi->falcon && mi->n_expert == 8) *type = NM_DTYPE_Q5_K;
+        if ((q4 || q4s) && !mi->falcon && mi->n_expert == 8) *type = NM_DTYPE_Q5_K;
     }
     return NM_OK;
 }

@@ -13,7 +13,8 @@
 #include <stdint.h>
 
 /* What a file is quantised to. Single types give every quantisable tensor
- * that type (llama-quantize --pure); the _M mixes follow llama.cpp's rules. */
+ * that type (llama-quantize --pure); the _M and _S mixes follow llama.cpp's
+ * rules. */
 typedef enum nm_quant_kind {
     NM_QUANT_Q8_0,
     NM_QUANT_Q4_0,
@@ -22,19 +23,22 @@ typedef enum nm_quant_kind {
     NM_QUANT_Q6_K,
     NM_QUANT_Q4_K_M,
     NM_QUANT_Q5_K_M,
+    NM_QUANT_Q4_K_S,
+    NM_QUANT_Q5_K_S,
     NM_QUANT_F32,
     NM_QUANT_F16,
     NM_QUANT_BF16,
     NM_QUANT_KIND_COUNT
 } nm_quant_kind;
 
-/* "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m", "f32", "f16", "bf16" (any case);
- * anything else is NM_ERR_INVALID_ARG with the list in the message. */
+/* "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m", "q4_k_s",
+ * "q5_k_s", "f32", "f16", "bf16" (any case); anything else is
+ * NM_ERR_INVALID_ARG with the list in the message. */
 nm_status nm_quant_kind_parse(const char *name, nm_quant_kind *out, nm_error *err);
 const char *nm_quant_kind_name(nm_quant_kind kind);
 /* general.file_type, llama.cpp's LLAMA_FTYPE number: q8_0 7, q4_0 2, q4_k 14
  * (MOSTLY_Q4_K_S, as llama-quantize --pure Q4_K_S writes), q5_k 16, q6_k 18,
- * q4_k_m 15, q5_k_m 17, f32 0, f16 1, bf16 32. */
+ * q4_k_m 15, q5_k_m 17, q4_k_s 14, q5_k_s 16, f32 0, f16 1, bf16 32. */
 uint32_t nm_quant_file_type(nm_quant_kind kind);
 /* The type of a single kind, or of a mix's ordinary tensors (q4_K, q5_K). */
 uint32_t nm_quant_base_type(nm_quant_kind kind);

@@ -76,7 +76,7 @@ static const option_def option_table[] = {
      "the quantised GGUF"},
     {"type", 0, KIND_STR, F(quant_type), 0, 0, CMD_QUANTIZE, "TYPE",
      "quantisation: q8_0, q4_0, q4_k, q5_k, q6_k, f16, bf16, f32 (every quantisable tensor), "
-     "or the mixes q4_k_m, q5_k_m (llama.cpp's); docs/USAGE.md"},
+     "or the mixes q4_k_m, q5_k_m, q4_k_s, q5_k_s (llama.cpp's); docs/USAGE.md"},
     {"mode", 0, KIND_STR, F(mode), 0, 0, STATIC, "MODE",
      "MoE prefill mode: dense, naive, tiers, grouped, npumoe (default dense; npumoe with --plan)"},
     {"plan", 0, KIND_STR, F(plan), 0, 0, STATIC, "FILE", "static plan made by npumoe plan"},
@@ -175,8 +175,9 @@ static const struct {
      "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG); "
      "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
     {"quantize", CMD_QUANTIZE, "quantize -m IN.gguf -o OUT.gguf --type TYPE [-t N]",
-     "write a quantised (q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m) or converted (f16, bf16, "
-     "f32) copy of an F32/F16/BF16 GGUF model, bytes as llama-quantize makes them"},
+     "write a quantised (q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, q4_k_s, q5_k_s) or "
+     "converted (f16, bf16, f32) copy of an F32/F16/BF16 GGUF model, bytes as llama-quantize "
+     "makes them"},
 };
 
 int cli_command_from_name(const char *name) {
