@@ -80,7 +80,8 @@ typedef struct nm_model_info {
     int32_t bos_id; /* -1 when the file has none */
     int32_t eos_id; /* -1 when the file has none */
     bool add_bos;
-    uint64_t weight_bytes; /* bytes of all tensors in the file */
+    uint64_t weight_bytes;   /* bytes of all tensors in the file */
+    uint64_t repacked_bytes; /* of them, copied at load into the kernels' layout */
 } nm_model_info;
 
 void nm_model_get_info(const nm_model *model, nm_model_info *out);

@@ -209,15 +209,16 @@ static nm_status repack_weights(nm_model *m, nm_error *err) {
     repack_all(m, &c);
     if (c.used == 0) return NM_OK;
     void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    /* huge pages where the system gives them: a fault per 2 MiB instead of
-     * per 4 KiB as the copy is written (measured here: touching 2.8 GiB took
-     * 0.9-1.1 s with, 1.2-1.3 s without; advice, so a failure is harmless) */
-    if (buf != MAP_FAILED) (void)madvise(buf, c.used, MADV_HUGEPAGE);
     if (buf == MAP_FAILED)
         return nm_errorf(err, NM_ERR_NOMEM,
                          "out of memory for the weights in the kernels' layout (%.1f MiB); "
                          "--no-repack computes from the file's",
                          (double)c.used / 1048576.0);
+    /* huge pages where the system gives them: a fault per 2 MiB instead of
+     * per 4 KiB as the copy is written (a bare test here, 2.8 GiB: 0.9-1.1 s
+     * with, 1.2-1.3 s without, after a first run of 2.6-3.3 s either way);
+     * advice, so a failure is harmless */
+    (void)madvise(buf, c.used, MADV_HUGEPAGE);
     m->repacked = buf;
     m->repacked_bytes = c.used;
     c = (repack_ctx){.gguf = m->gguf, .buf = buf};
@@ -300,6 +301,7 @@ void nm_model_get_info(const nm_model *model, nm_model_info *out) {
     out->add_bos = nm_tokenizer_add_bos(model->tok);
     for (uint64_t i = 0; i < nm_gguf_n_tensors(model->gguf); i++)
         out->weight_bytes += nm_gguf_tensor_at(model->gguf, i)->n_bytes;
+    out->repacked_bytes = model->repacked_bytes;
 }
 
 void nm_model_describe(const nm_model *model, void *file) {
