@@ -25,9 +25,10 @@
  * with dot the exact integer sum of w q over the unit (or its halves), the
  * codes' offset taken out with the code sums: sum (w + o) q - o sum q.
  * Integer sums do not depend on their order, so whether the weights are
- * transposed in registers (one row, or a few) or repacked once into a panel
- * that many row tiles read, and whatever m and [j0, j1), an output has the
- * same bits. */
+ * transposed in registers (one row, or a few), repacked once into a panel
+ * that many row tiles read, or read from the layout nm_mat_repack made at
+ * load (NM_LAYOUT_PANEL16, below), and whatever m and [j0, j1), an output
+ * has the same bits. */
 #if defined(__x86_64__)
 #include "kernels/kernels-impl.h"
 
