@@ -22,7 +22,9 @@ mkdir -p "$out"
 np=./build/npumoe
 
 echo "== the model"
-$np info -m "$MODEL" | head -12
+# the first lines (sed reads to the end: head would close the pipe early,
+# and with pipefail npumoe's SIGPIPE would end the script)
+$np info -m "$MODEL" | sed -n 1,14p
 echo "== 1. calibrate: per-chunk expert loads on $TEXT"
 $np calibrate -m "$MODEL" -f "$TEXT" --chunk "$CHUNK" -o "$out/calib.json"
 echo "== 2. profile the $DEVICE device and the host"
