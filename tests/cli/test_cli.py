@@ -134,6 +134,18 @@ def test_quantize(bin_, a, tmp, model, paragraph):
                   "shipped %s logits agree with f16 (median <= %g, worst <= %g, top-1 >= %g)"
                   % (kind, med_max, worst_max, top1_min),
                   "median %.4f worst %.4f top-1 %.3f %s" % (med, worst, top1, r.stderr.decode()[-200:]))
+            # --no-repack computes from the file's layout: the same logits, and info says so
+            lpn = os.path.join(tmp, "shipped-%s-no-repack.f32" % kind)
+            r = run(bin_, ["logits", "-m", path, "-p", text, "--all", "-o", lpn, "--no-repack"])
+            same = r.returncode == 0 and open(lp, "rb").read() == open(lpn, "rb").read()
+            check(same, "shipped %s logits with --no-repack equal the default's" % kind,
+                  r.stderr.decode()[-200:])
+            r = run(bin_, ["info", "-m", path, "--no-repack"])
+            check(r.returncode == 0 and b"repacked:            none" in r.stdout,
+                  "info --no-repack says nothing was repacked", r.stdout.decode()[-300:])
+            r = run(bin_, ["info", "-m", path])
+            check(r.returncode == 0 and b"repacked:" in r.stdout, "info says what was repacked",
+                  r.stdout.decode()[-300:])
 
 
 def main():
