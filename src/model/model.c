@@ -141,18 +141,28 @@ nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int
 
 /* ---- weights in the kernels' own layout ---- */
 
-/* Where the repacked copies go: sizes are summed while buf is NULL. */
+/* Rows copied at a time: whole groups of 16 of about this many bytes, so
+ * that the file's pages of them leave memory soon after they are read (the
+ * peak stays near the final size, not that plus the largest tensor), and
+ * the threads share the work evenly. */
+enum { REPACK_PART_BYTES = 4 << 20 };
+
+/* One part of the copy: rows of one matrix and where they go. */
+typedef struct repack_part {
+    nm_mat rows;
+    uint8_t *dst;
+} repack_part;
+
+/* The copies: sizes and parts are counted while buf is NULL, then laid out
+ * in buf. */
 typedef struct repack_ctx {
-    nm_gguf *gguf;
+    const nm_gguf *gguf;
     uint8_t *buf;
     size_t used;
     int n_tensors;
+    repack_part *parts; /* [n_parts] when buf is set */
+    size_t n_parts;
 } repack_ctx;
-
-/* Rows repacked at a time: whole groups of 16 of about this many bytes, so
- * that the file's pages of them leave memory soon after they are read (the
- * peak stays near the final size, not that plus the largest tensor). */
-enum { REPACK_PART_BYTES = 4 << 20 };
 
 /* A matrix (count 1) or a stack of count matrices stride bytes apart: its
  * copy in the layout the kernels want, if they want one. */
@@ -165,23 +175,25 @@ static void repack_stack(repack_ctx *c, nm_mat *first, size_t stride, int32_t co
     uint8_t *dst = c->buf ? c->buf + c->used : NULL;
     c->used += (bytes + 63) / 64 * 64; /* each copy starts on a cache line */
     c->n_tensors++;
-    if (!dst) return;
     int64_t part = (int64_t)(REPACK_PART_BYTES / first->row_bytes) / 16 * 16;
     if (part < 16) part = 16;
     for (int32_t e = 0; e < count; e++) {
         const nm_mat mat = nm_expert_mat(first, stride, e);
-        uint8_t *mat_dst = dst + (size_t)e * stride;
         for (int64_t r0 = 0; r0 < mat.n;) {
             /* the last part takes the rows after the last whole part */
             const int64_t r1 = mat.n - r0 < 2 * part ? mat.n : r0 + part;
-            nm_mat rows = mat;
-            rows.data = (const uint8_t *)mat.data + (size_t)r0 * mat.row_bytes;
-            rows.n = r1 - r0;
-            nm_mat_repack(&rows, mat_dst + (size_t)r0 * mat.row_bytes);
-            nm_gguf_drop_pages(c->gguf, rows.data, (size_t)rows.n * rows.row_bytes);
+            if (dst) {
+                repack_part *p = &c->parts[c->n_parts];
+                p->rows = mat;
+                p->rows.data = (const uint8_t *)mat.data + (size_t)r0 * mat.row_bytes;
+                p->rows.n = r1 - r0;
+                p->dst = dst + (size_t)e * stride + (size_t)r0 * mat.row_bytes;
+            }
+            c->n_parts++;
             r0 = r1;
         }
     }
+    if (!dst) return;
     first->data = dst;
     first->layout = NM_LAYOUT_PANEL16;
 }
@@ -204,10 +216,21 @@ static void repack_all(nm_model *m, repack_ctx *c) {
     if (!m->tied_output) repack_stack(c, &m->output, 0, 1);
 }
 
+static void repack_task(void *ctx, int i, int thread) {
+    (void)thread;
+    const repack_ctx *c = ctx;
+    const repack_part *p = &c->parts[i];
+    nm_mat_repack(&p->rows, p->dst);
+    nm_gguf_drop_pages(c->gguf, p->rows.data, (size_t)p->rows.n * p->rows.row_bytes);
+}
+
+/* The copies, made by one thread per online CPU. */
 static nm_status repack_weights(nm_model *m, nm_error *err) {
     repack_ctx c = {.gguf = m->gguf};
     repack_all(m, &c);
     if (c.used == 0) return NM_OK;
+    if (c.n_parts > INT32_MAX)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED, "%zu parts of weights to repack", c.n_parts);
     void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED)
         return nm_errorf(err, NM_ERR_NOMEM,
@@ -221,11 +244,20 @@ static nm_status repack_weights(nm_model *m, nm_error *err) {
     (void)madvise(buf, c.used, MADV_HUGEPAGE);
     m->repacked = buf;
     m->repacked_bytes = c.used;
-    c = (repack_ctx){.gguf = m->gguf, .buf = buf};
-    repack_all(m, &c);
-    m->repacked_tensors = c.n_tensors;
-    (void)mprotect(buf, c.used, PROT_READ); /* read-only like the file; a failure is harmless */
-    return NM_OK;
+    repack_part *parts = nm_calloc(c.n_parts, sizeof *parts);
+    nm_pool *pool = NULL;
+    nm_status st = parts ? nm_pool_new(nm_cpu_count(), &pool, err)
+                         : nm_errorf(err, NM_ERR_NOMEM, "out of memory for the repacking");
+    if (st == NM_OK) {
+        c = (repack_ctx){.gguf = m->gguf, .buf = buf, .parts = parts};
+        repack_all(m, &c);
+        m->repacked_tensors = c.n_tensors;
+        nm_pool_run(pool, repack_task, &c, (int)c.n_parts);
+        (void)mprotect(buf, c.used, PROT_READ); /* read-only like the file; advice too */
+    }
+    nm_pool_free(pool);
+    nm_free(parts);
+    return st;
 }
 
 void nm_model_free(nm_model *model) {
