@@ -296,12 +296,9 @@ int main(int argc, char **argv) {
     nm_model_params mp = nm_model_default_params();
     if (o.compat && nm_compat_parse(o.compat, &mp.compat, &err) != NM_OK) return fail_err(&err);
     mp.no_repack = o.no_repack;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int64_t load_start = nm_time_ns();
     if (nm_model_load(o.model, &mp, &model, &err) != NM_OK) return fail_err(&err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double load_s =
-        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    const double load_s = 1e-9 * (double)(nm_time_ns() - load_start);
     nm_model_info load_info;
     nm_model_get_info(model, &load_info);
     /* a load that a user notices says what it did (copying weights into the
