@@ -226,6 +226,14 @@ double nm_test_row_rel_err(const float *got, const float *want, int n) {
     return max_d / max_w;
 }
 
+void nm_test_read_greedy(const char *dir, int p, int32_t *want, float *margin, int n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/greedy.txt", dir);
+    CHECK_INT_EQ(nm_test_read_ints(path, p, want, n), n);
+    snprintf(path, sizeof path, "%s/greedy_margin.txt", dir);
+    CHECK_INT_EQ(nm_test_read_floats(path, p, margin, n), n);
+}
+
 double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int n, int n_vocab) {
     enum { MAX_POSITIONS = 1024 };
     char path[1024];

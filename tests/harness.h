@@ -95,6 +95,11 @@ double nm_test_row_rel_err(const float *got, const float *want, int n);
  * check, when they cannot be read. */
 double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int n, int n_vocab);
 
+/* The greedy continuation stored for prompt p in the model folder dir
+ * (greedy.txt) and llama.cpp's margin at each step (greedy_margin.txt), n of
+ * each; a failed check when fewer can be read. */
+void nm_test_read_greedy(const char *dir, int p, int32_t *want, float *margin, int n);
+
 /* A session of 512 positions on m with n_batch and n_threads; NULL (and a
  * failed check) if it cannot be made. */
 nm_session *nm_test_new_session(nm_model *m, int n_batch, int n_threads);

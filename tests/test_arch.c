@@ -140,10 +140,7 @@ static void run_model(const char *name, nm_compat compat, double tol) {
 
         int32_t want[N_GREEDY];
         float margin[N_GREEDY];
-        snprintf(path, sizeof path, "%s/greedy.txt", dir);
-        CHECK_INT_EQ(nm_test_read_ints(path, p, want, N_GREEDY), N_GREEDY);
-        snprintf(path, sizeof path, "%s/greedy_margin.txt", dir);
-        CHECK_INT_EQ(nm_test_read_floats(path, p, margin, N_GREEDY), N_GREEDY);
+        nm_test_read_greedy(dir, p, want, margin, N_GREEDY);
         int32_t next = nm_argmax(split + (size_t)(n - 1) * nv, nv);
         int same = 0, judged = N_GREEDY;
         for (int g = 0; g < N_GREEDY; g++) {
