@@ -684,12 +684,37 @@ static void test_files(void) {
     CHECK_INT_EQ(nm_json_write_file(missing, "1", 1, &err), NM_ERR_IO);
     CHECK(strncmp(err.msg, missing, strlen(missing)) == 0);
 
-    /* Renaming over a directory fails, and the temporary file goes. */
+    /* A directory is refused before anything is created beside it. */
     snprintf(missing, sizeof missing, "%s/sub", dir);
     CHECK(mkdir(missing, 0700) == 0);
     CHECK_INT_EQ(nm_json_write_file(missing, "1", 1, &err), NM_ERR_IO);
-    CHECK(strstr(err.msg, "cannot replace") != NULL);
+    CHECK(strstr(err.msg, "is a directory") != NULL);
+    d = opendir(dir);
+    entries = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        entries += e->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECK_INT_EQ(entries, 2);
     CHECK(rmdir(missing) == 0);
+
+    /* A symbolic link: the file it points to is replaced, the link stays;
+     * a link to nothing is refused. */
+    char link[512];
+    snprintf(link, sizeof link, "%s/link.json", dir);
+    CHECK(symlink("plan.json", link) == 0);
+    CHECK_INT_EQ(nm_json_write_file(link, "[7]", 3, &err), NM_OK);
+    struct stat lst;
+    CHECK(lstat(link, &lst) == 0 && S_ISLNK(lst.st_mode));
+    CHECK_INT_EQ(nm_json_parse_file(path, &v, &err), NM_OK);
+    CHECK(v && nm_json_number(nm_json_at(v, 0)) == 7);
+    nm_json_free(v);
+    CHECK(unlink(link) == 0 && symlink("gone.json", link) == 0);
+    CHECK_INT_EQ(nm_json_write_file(link, "1", 1, &err), NM_ERR_IO);
+    CHECK(strstr(err.msg, "symbolic link to a missing file") != NULL);
+    CHECK(unlink(link) == 0);
+    /* A character device is written directly, never replaced. */
+    CHECK_INT_EQ(nm_json_write_file("/dev/null", "1", 1, &err), NM_OK);
+    CHECK(stat("/dev/null", &lst) == 0 && S_ISCHR(lst.st_mode));
 
     /* A pipe: no size up front, read until its end. */
     snprintf(missing, sizeof missing, "%s/pipe.json", dir);

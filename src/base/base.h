@@ -6,8 +6,10 @@
 
 #include "npumoe.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Programmer errors: always checked, abort with file:line. */
 #define NM_ASSERT(cond)                                                                            \
@@ -61,5 +63,32 @@ double nm_rng_unit(nm_rng *r);
 
 /* Monotonic wall clock in nanoseconds. */
 int64_t nm_time_ns(void);
+
+/* A file written for a command (outfile.c), chosen and checked before the
+ * work so that a bad path fails at once, and written so that nothing but the
+ * target changes: a regular file or a new name is replaced atomically (a
+ * temporary file beside it, flushed to disk and renamed over it by commit);
+ * a symbolic link is followed to its target (a link to nothing is refused);
+ * a character device or a FIFO (/dev/null, /dev/stdout, a pipe) is written
+ * directly; anything else (a directory, a block device, a socket) is
+ * refused. Messages name the path as given. */
+typedef struct nm_outfile {
+    FILE *f;      /* write here (or with nm_outfile_write) between open and commit */
+    char *path;   /* as given */
+    char *target; /* where the bytes go: path, or where its symbolic link points */
+    char *tmp;    /* the temporary file beside target; NULL when written directly */
+} nm_outfile;
+
+nm_status nm_outfile_open(const char *path, nm_outfile *o, nm_error *err);
+nm_status nm_outfile_write(nm_outfile *o, const void *data, size_t n_bytes, nm_error *err);
+/* Flushes, forces a regular file to disk and renames it over the target;
+ * releases o in every case (on failure as nm_outfile_abort). */
+nm_status nm_outfile_commit(nm_outfile *o, nm_error *err);
+/* Closes, removes the temporary file (the target is untouched); o may be
+ * zeroed or already released. */
+void nm_outfile_abort(nm_outfile *o);
+/* Whether nm_outfile_open(path) would succeed now, leaving nothing behind
+ * (a device or FIFO is not opened: a FIFO would wait for a reader). */
+nm_status nm_outfile_check(const char *path, nm_error *err);
 
 #endif /* NM_BASE_H */

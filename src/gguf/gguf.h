@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Metadata value types, numbered as in the GGUF specification. */
 typedef enum nm_gguf_type {
@@ -185,10 +186,17 @@ nm_status nm_gguf_writer_to_memory(const nm_gguf_writer *w, uint8_t **out, size_
  * stops the writing. */
 typedef nm_status (*nm_gguf_tensor_source)(void *ctx, size_t i, const void **data, nm_error *err);
 
-/* Writes the file to path as it goes: the header, then each tensor, its
- * copy or, for a tensor added without data, what source gives (called in
- * tensor order). Holds no more than the header in memory. On failure the
- * partial file is removed. */
+/* Writes the file to the stream f as it goes: the header, then each tensor,
+ * its copy or, for a tensor added without data, what source gives (called in
+ * tensor order), and flushes f. Holds no more than the header in memory.
+ * name is for messages; *n_bytes (if not NULL) gets the file's size. */
+nm_status nm_gguf_writer_stream(const nm_gguf_writer *w, FILE *f, const char *name,
+                                nm_gguf_tensor_source source, void *ctx, uint64_t *n_bytes,
+                                nm_error *err);
+/* nm_gguf_writer_stream to path by the rules of nm_outfile (base.h): a
+ * regular file is replaced atomically, a symbolic link followed, a
+ * character device or FIFO written directly. On failure nothing but a
+ * device or FIFO has been written. */
 nm_status nm_gguf_writer_stream_file(const nm_gguf_writer *w, const char *path,
                                      nm_gguf_tensor_source source, void *ctx, nm_error *err);
 /* nm_gguf_writer_stream_file without a source. */

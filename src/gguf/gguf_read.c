@@ -603,7 +603,9 @@ nm_status nm_gguf_open_memory(const void *data, size_t n_bytes, nm_gguf **out, n
 nm_status nm_gguf_open(const char *path, nm_gguf **out, nm_error *err) {
     NM_ASSERT(path != NULL && out != NULL);
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; the type check
+     * below refuses it (no effect on regular files) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return nm_errorf(err, NM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -613,7 +615,8 @@ nm_status nm_gguf_open(const char *path, nm_gguf **out, nm_error *err) {
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return nm_errorf(err, NM_ERR_IO, "%s: not a regular file", path);
+        return nm_errorf(err, NM_ERR_IO,
+                         "%s: not a regular file (a GGUF model is read by mapping it)", path);
     }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
         close(fd);

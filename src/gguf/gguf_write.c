@@ -493,28 +493,23 @@ static bool write_zeros(FILE *f, size_t n) {
     return true;
 }
 
-nm_status nm_gguf_writer_stream_file(const nm_gguf_writer *w, const char *path,
-                                     nm_gguf_tensor_source source, void *ctx, nm_error *err) {
-    NM_ASSERT(w != NULL && path != NULL);
+nm_status nm_gguf_writer_stream(const nm_gguf_writer *w, FILE *f, const char *name,
+                                nm_gguf_tensor_source source, void *ctx, uint64_t *n_bytes,
+                                nm_error *err) {
+    NM_ASSERT(w != NULL && f != NULL && name != NULL);
     for (size_t i = 0; i < w->n_tensors && !source; i++)
         if (w->tensors[i].deferred)
             return nm_errorf(err, NM_ERR_INVALID_ARG,
-                             "%s: tensor '%s' has no data and no source gives it", path,
+                             "%s: tensor '%s' has no data and no source gives it", name,
                              w->tensors[i].name);
     file_layout l;
     nm_status st = layout_of(w, &l, err);
-    if (st != NM_OK) return nm_error_prefix(err, "%s", path);
+    if (st != NM_OK) return nm_error_prefix(err, "%s", name);
     bytebuf head = {0};
     put_head(w, &head);
     if (head.failed) {
         nm_free(head.p);
-        return nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory for the GGUF header", path);
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        int e = errno;
-        nm_free(head.p);
-        return nm_errorf(err, NM_ERR_IO, "%s: cannot create: %s", path, strerror(e));
+        return nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory for the GGUF header", name);
     }
     bool ok = fwrite(head.p, 1, head.n, f) == head.n && write_zeros(f, l.data_start - head.n);
     nm_free(head.p);
@@ -528,15 +523,22 @@ nm_status nm_gguf_writer_stream_file(const nm_gguf_writer *w, const char *path,
             ok = fwrite(data, 1, (size_t)t->n_bytes, f) == (size_t)t->n_bytes &&
                  write_zeros(f, end - (size_t)t->n_bytes);
     }
-    int e = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        e = errno;
-    }
+    if (st == NM_OK && ok) ok = fflush(f) == 0;
     if (st == NM_OK && !ok)
-        st =
-            nm_errorf(err, NM_ERR_IO, "%s: cannot write %zu bytes: %s", path, l.total, strerror(e));
-    if (st != NM_OK) remove(path); /* no partial file */
+        st = nm_errorf(err, NM_ERR_IO, "%s: cannot write %zu bytes: %s", name, l.total,
+                       strerror(errno));
+    if (st == NM_OK && n_bytes) *n_bytes = (uint64_t)l.total;
+    return st;
+}
+
+nm_status nm_gguf_writer_stream_file(const nm_gguf_writer *w, const char *path,
+                                     nm_gguf_tensor_source source, void *ctx, nm_error *err) {
+    NM_ASSERT(w != NULL && path != NULL);
+    nm_outfile o;
+    nm_status st = nm_outfile_open(path, &o, err);
+    if (st == NM_OK) st = nm_gguf_writer_stream(w, o.f, path, source, ctx, NULL, err);
+    if (st == NM_OK) return nm_outfile_commit(&o, err);
+    nm_outfile_abort(&o); /* no partial file */
     return st;
 }
 

@@ -198,10 +198,11 @@ nm_status nm_json_writer_finish(nm_json_writer *w, char **text, size_t *n_bytes,
  * fine. Whatever a file writer already wrote stays written. */
 void nm_json_writer_free(nm_json_writer *w);
 
-/* Replaces the file at path with text atomically: writes a temporary file
- * beside it, flushes it to disk, then renames it over path, so readers see
- * the old file or the new one, never a part. NM_ERR_IO (the message names
- * the path) when any step fails; the temporary file is then removed. */
+/* Writes text to path by the rules of nm_outfile (base.h): a regular file
+ * is replaced atomically (readers see the old file or the new one, never a
+ * part), a symbolic link is followed, a character device or FIFO is written
+ * directly, anything else is refused. NM_ERR_IO (the message names the
+ * path) when any step fails; a temporary file is then removed. */
 nm_status nm_json_write_file(const char *path, const char *text, size_t n_bytes, nm_error *err);
 
 #endif /* NM_JSON_H */

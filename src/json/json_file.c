@@ -6,12 +6,9 @@
 #include "base/base.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 /* ---- reading ------------------------------------------------------------- */
 
@@ -79,57 +76,14 @@ nm_status nm_json_parse_file(const char *path, nm_json **out, nm_error *err) {
     return NM_OK;
 }
 
-/* ---- atomic replacement of a file ---------------------------------------- */
-
-static nm_status io_fail(const char *path, const char *what, int errnum, nm_error *err) {
-    return nm_errorf(err, NM_ERR_IO, "%s: %s: %s", path, what, strerror(errnum));
-}
-
-/* Writes all of text to fd, then forces it to disk. 0 or an errno. */
-static int write_all(int fd, const char *text, size_t n_bytes) {
-    while (n_bytes > 0) {
-        ssize_t got = write(fd, text, n_bytes);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return got < 0 ? errno : EIO;
-        text += got;
-        n_bytes -= (size_t)got;
-    }
-    return fsync(fd) == 0 ? 0 : errno;
-}
+/* ---- replacing a file ----------------------------------------------------- */
 
 nm_status nm_json_write_file(const char *path, const char *text, size_t n_bytes, nm_error *err) {
     NM_ASSERT(path && (text || n_bytes == 0));
-    size_t tmp_bytes;
-    if (!nm_add_size(strlen(path), 64, &tmp_bytes))
-        return nm_errorf(err, NM_ERR_NOMEM, "%s: path too long", path);
-    char *tmp = nm_malloc(tmp_bytes);
-    if (!tmp) return nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory", path);
-    /* A name no other writer picks: the process and the time, retried if
-     * taken (O_EXCL) so a stale temporary file is never reused. */
-    int fd = -1;
-    for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
-        snprintf(tmp, tmp_bytes, "%s.%ld.%" PRId64 ".tmp", path, (long)getpid(),
-                 nm_time_ns() + attempt);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        nm_status st = io_fail(path, "cannot create a temporary file beside it", errno, err);
-        nm_free(tmp);
-        return st;
-    }
-    /* Keep the permissions of the file being replaced. */
-    struct stat old;
-    if (stat(path, &old) == 0 && S_ISREG(old.st_mode)) (void)fchmod(fd, old.st_mode & 07777);
-    int errnum = write_all(fd, text, n_bytes);
-    if (close(fd) != 0 && errnum == 0) errnum = errno;
-    nm_status st = NM_OK;
-    if (errnum != 0) {
-        st = io_fail(path, "cannot write", errnum, err);
-    } else if (rename(tmp, path) != 0) {
-        st = io_fail(path, "cannot replace", errno, err);
-    }
-    if (st != NM_OK) unlink(tmp);
-    nm_free(tmp);
+    nm_outfile o;
+    nm_status st = nm_outfile_open(path, &o, err);
+    if (st == NM_OK) st = nm_outfile_write(&o, text, n_bytes, err);
+    if (st == NM_OK) return nm_outfile_commit(&o, err);
+    nm_outfile_abort(&o);
     return st;
 }

@@ -90,11 +90,13 @@ typedef struct nm_quant_summary {
 
 /* Reads the GGUF file in_path and writes out_path: every key in order
  * (general.file_type and general.quantization_version = 2 set), every tensor
- * in order, converted as nm_quant_choose says. The file is written under a
- * temporary name beside out_path and renamed at the end, so out_path is
- * either the whole new file or untouched. Fails, before any work where it
- * can, on: a missing or malformed input, a split file, out_path naming the
- * input, a tensor to convert that is not F32/F16/BF16, an output that cannot
+ * in order, converted as nm_quant_choose says. out_path is written by the
+ * rules of nm_outfile (base.h): a regular file under a temporary name beside
+ * it, renamed at the end, so it is either the whole new file or untouched; a
+ * symbolic link's target; a character device or FIFO directly. Fails, before
+ * any work where it can, on: a missing or malformed input, a file without
+ * tensors, a split file, out_path naming the input, an output of another
+ * kind, a tensor to convert that is not F32/F16/BF16, an output that cannot
  * be created; and while converting, on NaN, infinite or out-of-range values
  * (the message names the tensor, row and column). Needs memory for about
  * twice the output's size (the writer builds the file in memory). */

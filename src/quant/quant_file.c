@@ -203,6 +203,10 @@ static nm_status check_input(const char *in_path, const char *out_path, const nm
                          "(llama-gguf-split --merge)",
                          in_path);
     }
+    if (nm_gguf_n_tensors(g) == 0)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "%s has no tensors (a vocabulary-only file?): nothing to quantize",
+                         in_path);
     for (uint64_t i = 0; i < nm_gguf_n_tensors(g); i++) {
         const nm_gguf_tensor *t = nm_gguf_tensor_at(g, i);
         if (choices[i].convert && !is_float_type(t->type)) {
@@ -293,8 +297,7 @@ nm_status nm_quantize_file(const char *in_path, const char *out_path, const nm_q
     nm_quant_choice *choices = NULL;
     nm_gguf_writer *w = NULL;
     nm_pool *pool = NULL;
-    char tmp[4096];
-    bool tmp_made = false;
+    nm_outfile out = {0};
 
     nm_status st = nm_gguf_open(in_path, &g, err);
     if (st == NM_OK) {
@@ -304,22 +307,8 @@ nm_status nm_quantize_file(const char *in_path, const char *out_path, const nm_q
     }
     if (st == NM_OK) st = nm_quant_choose(g, p->kind, choices, err);
     if (st == NM_OK) st = check_input(in_path, out_path, g, choices, err);
-    if (st == NM_OK) {
-        /* beside the output, so the final rename stays on one file system */
-        int len = snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out_path, (long)getpid());
-        if (len < 0 || (size_t)len >= sizeof tmp)
-            st = nm_errorf(err, NM_ERR_INVALID_ARG, "output path too long");
-    }
-    if (st == NM_OK) {
-        /* fail now, not after the work, when the output cannot be created */
-        FILE *f = fopen(tmp, "wb");
-        if (!f)
-            st = nm_errorf(err, NM_ERR_IO, "%s: cannot create: %s", out_path, strerror(errno));
-        else {
-            fclose(f);
-            tmp_made = true;
-        }
-    }
+    /* fail now, not after the work, when the output cannot be written */
+    if (st == NM_OK) st = nm_outfile_open(out_path, &out, err);
     if (st == NM_OK) {
         w = nm_gguf_writer_new();
         if (!w) st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for the GGUF writer");
@@ -329,19 +318,14 @@ nm_status nm_quantize_file(const char *in_path, const char *out_path, const nm_q
     if (st == NM_OK) st = declare_tensors(g, choices, w, err);
     if (st == NM_OK) {
         tensor_feed feed = {.g = g, .choices = choices, .p = p, .pool = pool, .sum = &sum};
-        st = nm_gguf_writer_stream_file(w, tmp, give_tensor, &feed, err);
+        st =
+            nm_gguf_writer_stream(w, out.f, out_path, give_tensor, &feed, &sum.out_file_bytes, err);
         nm_free(feed.owned);
     }
-    if (st == NM_OK) {
-        struct stat so;
-        if (stat(tmp, &so) == 0) sum.out_file_bytes = (uint64_t)so.st_size;
-        if (rename(tmp, out_path) != 0)
-            st = nm_errorf(err, NM_ERR_IO, "%s: cannot rename %s to it: %s", out_path, tmp,
-                           strerror(errno));
-        else
-            tmp_made = false;
-    }
-    if (tmp_made) remove(tmp);
+    if (st == NM_OK)
+        st = nm_outfile_commit(&out, err);
+    else
+        nm_outfile_abort(&out); /* the target is untouched */
     nm_pool_free(pool);
     nm_gguf_writer_free(w);
     nm_free(choices);

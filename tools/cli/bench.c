@@ -198,11 +198,14 @@ static int write_report(const char *prefix, const char *ext, const bench *b, con
                         void (*writer)(FILE *, const bench *, const char *)) {
     char path[4096];
     snprintf(path, sizeof path, "%s.%s", prefix, ext);
-    FILE *f = fopen(path, "w");
-    if (!f) return fail("cannot create '%s'%s", path, "");
-    writer(f, b, device);
-    if (fclose(f) != 0) return fail("cannot write '%s'%s", path, "");
-    return 0;
+    nm_error err = {0};
+    nm_outfile out;
+    nm_status st = nm_outfile_open(path, &out, &err);
+    if (st == NM_OK) {
+        writer(out.f, b, device);
+        st = nm_outfile_commit(&out, &err);
+    }
+    return st == NM_OK ? 0 : fail_err(&err);
 }
 
 static void svg_writer(FILE *f, const bench *b, const char *device) {
@@ -286,6 +289,13 @@ int cmd_bench(nm_model *model, const cli_options *o) {
             return fail("mode %s needs --plan (made by npumoe plan)%s", name, "");
         b.modes[b.n_modes++] = m;
         p += len + (p[len] == ',');
+    }
+    /* the reports can be written: checked before the work */
+    const char *exts[3] = {"md", "json", "svg"};
+    for (int i = 0; i < 3 && o->output; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%s", o->output, exts[i]);
+        if (nm_outfile_check(path, &err) != NM_OK) return fail_err(&err);
     }
     size_t n = 0;
     int32_t *text = prompt_ids(model, o, &n, &err);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@ static int cmd_tokenize(nm_model *model, const cli_options *o) {
     if (o->tokens) return fail("tokenize takes -p or -f, not --tokens%s", "", "");
     size_t n = 0;
     int32_t *ids = prompt_ids(model, o, &n, &err);
-    if (!ids && strcmp(err.msg, "the prompt is empty") != 0) return fail_err(&err);
+    if (!ids) return fail_err(&err); /* an empty prompt too, as for every command */
     for (size_t i = 0; i < n; i++)
         printf("%s%" PRId32, i ? " " : "", ids[i]);
     printf("\n");
@@ -41,6 +42,11 @@ static int cmd_logits(nm_model *model, const cli_options *o) {
     size_t n = 0;
     int32_t *ids = prompt_ids(model, o, &n, &err);
     if (!ids) return fail_err(&err);
+    nm_outfile out = {0};
+    if (nm_outfile_open(o->output, &out, &err) != NM_OK) { /* before the work */
+        free(ids);
+        return fail_err(&err);
+    }
     nm_model_info info;
     nm_model_get_info(model, &info);
     cli_options oo = *o;
@@ -53,24 +59,16 @@ static int cmd_logits(nm_model *model, const cli_options *o) {
     if (st == NM_OK && !logits)
         st = NM_ERR_NOMEM, snprintf(err.msg, sizeof err.msg, "out of memory for logits");
     if (st == NM_OK) st = nm_session_eval(s, ids, (int32_t)n, logits, o->all, &err);
-    int rc = 0;
-    if (st != NM_OK) {
-        rc = fail_err(&err);
-    } else {
-        FILE *f = fopen(o->output, "wb");
-        if (!f) {
-            rc = fail("cannot create '%s': %s", o->output, strerror(errno));
-        } else {
-            size_t count = n_rows * (size_t)info.n_vocab;
-            bool ok = fwrite(logits, sizeof(float), count, f) == count;
-            ok &= fclose(f) == 0;
-            if (!ok) rc = fail("cannot write '%s'%s", o->output, "");
-        }
-    }
+    if (st == NM_OK)
+        st = nm_outfile_write(&out, logits, n_rows * (size_t)info.n_vocab * sizeof(float), &err);
+    if (st == NM_OK)
+        st = nm_outfile_commit(&out, &err);
+    else
+        nm_outfile_abort(&out);
     free(logits);
     free(ids);
     close_session(&cs);
-    return rc;
+    return st == NM_OK ? 0 : fail_err(&err);
 }
 
 /* ---- run ---- */
@@ -177,9 +175,10 @@ static nm_status generate(nm_model *model, nm_session *s, nm_sampler *sampler, c
                 st = NM_ERR_NOMEM;
                 break;
             }
-            if (!o->json) {
-                fwrite(piece, 1, (size_t)len, stdout);
-                fflush(stdout);
+            if (!o->json &&
+                (fwrite(piece, 1, (size_t)len, stdout) != (size_t)len || fflush(stdout) != 0)) {
+                st = nm_errorf(err, NM_ERR_IO, "cannot write standard output: %s", strerror(errno));
+                break;
             }
         }
         if (nm_token_is_eog(model, next)) {
@@ -266,7 +265,7 @@ static int cmd_run(nm_model *model, const cli_options *o) {
     return rc;
 }
 
-int main(int argc, char **argv) {
+static int npumoe_main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         cli_print_help(argc < 2 ? stderr : stdout, 0);
         return argc < 2 ? 1 : 0;
@@ -342,5 +341,23 @@ int main(int argc, char **argv) {
         break;
     }
     nm_model_free(model);
+    return rc;
+}
+
+/* A closed pipe ends the command quietly, as it does cat or grep: SIGPIPE
+ * keeps (or gets back) its default action, so `npumoe run ... | head -c 10`
+ * stops when head does. Any other failure to write standard output (a full
+ * disk, /dev/full) is an error, found by the flush at exit at the latest
+ * (as coreutils' close_stdout does): exit status 1 and one line. */
+int main(int argc, char **argv) {
+    signal(SIGPIPE, SIG_DFL);
+    int rc = npumoe_main(argc, argv);
+    errno = 0;
+    const bool bad = fflush(stdout) != 0 || ferror(stdout);
+    const int e = errno;
+    if (bad && e != EPIPE && rc == 0)
+        rc = fail("cannot write standard output: %s%s", e ? strerror(e) : "write error", "");
+    else if (bad)
+        rc = rc ? rc : 1;
     return rc;
 }

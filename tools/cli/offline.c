@@ -61,6 +61,7 @@ static double top_quarter_share(const nm_calib *c, int32_t layer) {
 int cmd_calibrate(nm_model *model, const cli_options *o) {
     nm_error err = {0};
     if (!o->output) return fail("calibrate needs -o CALIB.json%s%s", "", "");
+    if (nm_outfile_check(o->output, &err) != NM_OK) return fail_err(&err);
     size_t n = 0;
     int32_t *ids = prompt_ids(model, o, &n, &err);
     if (!ids) return fail_err(&err);
@@ -137,6 +138,7 @@ static void profile_progress(void *ctx, int done, int total) {
 int cmd_profile(nm_model *model, const cli_options *o) {
     nm_error err = {0};
     if (!o->output) return fail("profile needs -o PROFILE.json%s%s", "", "");
+    if (nm_outfile_check(o->output, &err) != NM_OK) return fail_err(&err);
     const nm_hparams *hp = &model->hp;
     const int32_t chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
     int32_t experts[MAX_LIST], caps[MAX_LIST];
@@ -209,6 +211,7 @@ int cmd_plan(nm_model *model, const cli_options *o) {
     if (!o->output) return fail("plan needs -o PLAN.json%s%s", "", "");
     if (!o->calib || !o->profile)
         return fail("plan needs --calib FILE and --profile FILE%s%s", "", "");
+    if (nm_outfile_check(o->output, &err) != NM_OK) return fail_err(&err);
     nm_plan_params pp = nm_plan_default_params();
     int32_t tiers[MAX_LIST];
     nm_status st = NM_OK;

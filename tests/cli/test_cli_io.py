@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""What the npumoe command does with the files and streams around it (issue
+11): outputs that are devices, FIFOs, symbolic links, directories or sockets;
+a FIFO given as the model; standard output that cannot be written or is
+closed early; output paths checked before the work; empty inputs.
+
+Usage: test_cli_io.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
+Each case states what it checks; every one of them failed before issue 11.
+"""
+import argparse
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+
+import test_cli  # its check() counts passes and failures
+from test_cli import check
+
+
+def run(binary, args, stdout=subprocess.PIPE, timeout=300):
+    return subprocess.run([binary] + args, stdout=stdout, stderr=subprocess.PIPE,
+                          timeout=timeout)
+
+
+def one_error(r, needle):
+    """Exit 1, and the last line on stderr (after any progress lines) the one
+    'npumoe: ...' line, naming needle."""
+    err = r.stderr.decode("utf-8", "replace")
+    lines = [l for l in err.replace("\r", "\n").splitlines() if l.strip()]
+    ours = [l for l in lines if l.startswith("npumoe: ")]
+    return (r.returncode == 1 and len(ours) == 1 and lines[-1] == ours[0]
+            and needle.lower() in ours[0].lower()), f"exit {r.returncode}, stderr {err[-400:]!r}"
+
+
+def expect_error(binary, args, needle, what, **kw):
+    ok, detail = one_error(run(binary, args, **kw), needle)
+    check(ok, f"{what}: exit 1 with one line naming '{needle}'", detail)
+
+
+def is_chr(path):
+    return stat.S_ISCHR(os.lstat(path).st_mode)
+
+
+def private_device(tmp, name, minor):
+    """A node of /dev/full (minor 7) or /dev/null (3) in tmp when we may make
+    one (root, a file system that allows devices), so that a command that
+    wrongly replaces the device replaces only ours; else the system's."""
+    path = os.path.join(tmp, name)
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+        with open(path, "wb") as f:
+            f.write(b"x")
+            f.flush()
+        return path if minor == 3 else "/dev/" + name
+    except OSError as e:
+        if minor == 7 and e.errno == 28 and os.path.exists(path):  # ENOSPC: a working /dev/full
+            return path
+        if os.path.lexists(path):
+            os.unlink(path)
+        return "/dev/" + name
+
+
+def read_fifo(path, sink):
+    with open(path, "rb") as f:
+        sink.append(f.read())
+
+
+def test_outputs(b, a, tmp, text):
+    """Item 1: rename over a regular file or a new name only, follow a symbolic
+    link, write a character device or FIFO directly, refuse anything else."""
+    m = a.model
+    full, null = private_device(tmp, "full", 7), private_device(tmp, "null", 3)
+    q = ["quantize", "-m", m, "--type", "q8_0", "-o"]
+    # a character device: written directly, so /dev/full fails and stays a device
+    r = run(b, q + [full])
+    ok, detail = one_error(r, "no space left")
+    check(ok and is_chr(full), "quantize -o /dev/full fails and /dev/full stays a device",
+          detail)
+    r = run(b, q + [null])
+    check(r.returncode == 0 and is_chr(null), "quantize -o /dev/null is a dry run",
+          r.stderr.decode()[-300:])
+    # the same for calibrate and plan (the first makes the calibration the plan needs)
+    calib, prof = os.path.join(tmp, "c.json"), os.path.join(tmp, "p.json")
+    cal = ["calibrate", "-m", m, "-f", text, "--chunk", "32", "-c", "128", "-o"]
+    r = run(b, cal + [full])
+    ok, detail = one_error(r, "no space left")
+    check(ok and is_chr(full), "calibrate -o /dev/full fails, /dev/full stays a device",
+          detail)
+    r = run(b, cal + [calib])
+    check(r.returncode == 0, "calibrate writes a calibration", r.stderr.decode()[-300:])
+    r = run(b, ["profile", "-m", m, "--chunk", "32", "--reps", "1", "--grid-experts", "1,2",
+                "--grid-capacity", "4,32", "-o", prof])
+    check(r.returncode == 0, "profile writes a profile", r.stderr.decode()[-300:])
+    pl = ["plan", "-m", m, "--calib", calib, "--profile", prof, "-o"]
+    r = run(b, pl + [full])
+    ok, detail = one_error(r, "no space left")
+    check(ok and is_chr(full), "plan -o /dev/full fails, /dev/full stays a device", detail)
+    r = run(b, pl + [null])
+    check(r.returncode == 0 and is_chr(null), "plan -o /dev/null succeeds",
+          r.stderr.decode()[-300:])
+    # a FIFO: written directly to its reader, and still a FIFO afterwards
+    fifo = os.path.join(tmp, "plan.fifo")
+    os.mkfifo(fifo)
+    got = []
+    t = threading.Thread(target=read_fifo, args=(fifo, got))
+    t.start()
+    r = run(b, pl + [fifo])
+    t.join(60)
+    check(r.returncode == 0 and stat.S_ISFIFO(os.lstat(fifo).st_mode) and got
+          and got[0].startswith(b"{") and b"npumoe-plan" in got[0],
+          "plan -o FIFO writes the plan to the reader and leaves the FIFO",
+          r.stderr.decode()[-300:])
+    # a symbolic link: the file it points to gets the output, the link stays
+    real, link = os.path.join(tmp, "real.json"), os.path.join(tmp, "link.json")
+    with open(real, "w") as f:
+        f.write("old")
+    os.symlink("real.json", link)
+    r = run(b, pl + [link])
+    check(r.returncode == 0 and os.path.islink(link) and os.readlink(link) == "real.json"
+          and b"npumoe-plan" in open(real, "rb").read(),
+          "plan -o LINK writes where the link points and keeps the link", r.stderr.decode()[-300:])
+    real_q, link_q = os.path.join(tmp, "real.gguf"), os.path.join(tmp, "link.gguf")
+    open(real_q, "wb").close()
+    os.symlink(real_q, link_q)
+    r = run(b, q + [link_q])
+    check(r.returncode == 0 and os.path.islink(link_q) and os.path.getsize(real_q) > 1000000
+          and open(real_q, "rb").read(4) == b"GGUF",
+          "quantize -o LINK writes where the link points and keeps the link",
+          r.stderr.decode()[-300:])
+    # no stray temporary files beside the targets
+    left = [n for n in os.listdir(tmp) if ".tmp" in n]
+    print(f"devices used: {full}, {null}")
+    check(not left, "no temporary files are left behind", str(left))
+    # refused: a link to nothing, a directory, a socket
+    dangling = os.path.join(tmp, "dangling.json")
+    os.symlink("missing.json", dangling)
+    expect_error(b, pl + [dangling], "symbolic link to a missing file", "plan -o a dangling link")
+    check(os.path.islink(dangling) and not os.path.exists(os.path.join(tmp, "missing.json")),
+          "a dangling link is left as it was")
+    d = os.path.join(tmp, "adir")
+    os.mkdir(d)
+    expect_error(b, q + [d], "is a directory", "quantize -o a directory")
+    expect_error(b, pl + [d], "is a directory", "plan -o a directory")
+    sock_path = os.path.join(tmp, "s.sock")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock_path)
+    expect_error(b, pl + [sock_path], "is a socket", "plan -o a socket")
+    expect_error(b, q + [sock_path], "is a socket", "quantize -o a socket")
+    check(stat.S_ISSOCK(os.lstat(sock_path).st_mode), "the socket is left as it was")
+    s.close()
+    # logits writes by the same rules
+    r = run(b, ["logits", "-m", m, "-p", "In the beginning", "-o", full])
+    ok, detail = one_error(r, "no space left")
+    check(ok and is_chr(full), "logits -o /dev/full fails, /dev/full stays a device",
+          detail)
+    expect_error(b, ["logits", "-m", m, "-p", "x", "-o", d], "is a directory",
+                 "logits -o a directory")
+
+
+def test_fifo_model(b, tmp):
+    """Item 2: a FIFO as the model is refused at once, not read forever."""
+    fifo = os.path.join(tmp, "model.fifo")
+    os.mkfifo(fifo)
+    for cmd in [["info"], ["tokenize", "-p", "x"], ["quantize", "--type", "q8_0", "-o",
+                                                    os.path.join(tmp, "q.gguf")]]:
+        try:
+            r = run(b, [cmd[0], "-m", fifo] + cmd[1:], timeout=30)
+            ok, detail = one_error(r, "not a regular file")
+        except subprocess.TimeoutExpired:
+            ok, detail = False, "still waiting after 30 s"
+        check(ok, f"{cmd[0]} -m FIFO is refused at once", detail)
+
+
+def test_stdout(b, a, text):
+    """Item 3: a failed write of standard output is an error (exit 1, one
+    line); a closed pipe ends the command quietly."""
+    m = a.model
+    cases = {
+        "run": ["run", "-m", m, "-p", "In the beginning", "-n", "4", "--seed", "1"],
+        "run --json": ["run", "-m", m, "-p", "In the beginning", "-n", "4", "--seed", "1",
+                       "--json"],
+        "tokenize": ["tokenize", "-m", m, "-p", "In the beginning"],
+        "info": ["info", "-m", m],
+        "bench": ["bench", "-m", m, "-p", "16", "-n", "2", "-r", "1"],
+        "perplexity --json": ["perplexity", "-m", m, "-f", text, "-c", "128", "--json"],
+        "--help": ["run", "--help"],
+    }
+    with open("/dev/full", "wb") as full:
+        for what, args in cases.items():
+            ok, detail = one_error(run(b, args, stdout=full), "standard output")
+            check(ok, f"{what} > /dev/full fails with one line", detail)
+    # a reader that goes away: no message, whatever the command was writing
+    p = subprocess.Popen([b, "run", "-m", m, "-p", "In the beginning", "-n", "200", "--seed",
+                          "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.read(1)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(120)
+    check("npumoe:" not in err and p.returncode != 0,
+          "run into a closed pipe ends without an error message",
+          f"exit {p.returncode}, stderr {err[-300:]!r}")
+
+
+def test_check_first(b, a, tmp, text):
+    """Item 4: an output that cannot be created fails before the work."""
+    m = a.model
+    bad = os.path.join(tmp, "no", "such", "dir")
+    r = run(b, ["calibrate", "-m", m, "-f", text, "--chunk", "32", "-c", "128", "-o",
+                os.path.join(bad, "c.json")])
+    ok, detail = one_error(r, "cannot create")
+    check(ok and b"calibrate:" not in r.stderr, "calibrate fails before calibrating", detail)
+    r = run(b, ["profile", "-m", m, "--chunk", "32", "--reps", "1", "-o",
+                os.path.join(bad, "p.json")])
+    ok, detail = one_error(r, "cannot create")
+    check(ok and b"profile:" not in r.stderr, "profile fails before measuring", detail)
+    r = run(b, ["bench", "-m", m, "-f", text, "--lengths", "32", "--modes", "dense", "-r", "1",
+                "-o", os.path.join(bad, "bench")])
+    ok, detail = one_error(r, "cannot create")
+    check(ok and not r.stdout, "bench -o fails before benchmarking", detail)
+    r = run(b, ["logits", "-m", m, "-p", "x", "-o", os.path.join(bad, "l.f32")])
+    check(one_error(r, "cannot create")[0], "logits -o an impossible path fails",
+          r.stderr.decode())
+
+
+def test_empty(b, a, tmp):
+    """Item 5: no tensors to quantize, an empty prompt: refused everywhere."""
+    empty = os.path.join(tmp, "no-tensors.gguf")
+    with open(empty, "wb") as f:  # GGUF v3, no tensors, one key
+        key, val = b"general.architecture", b"qwen3moe"
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1))
+        f.write(struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(val)) + val)
+    out = os.path.join(tmp, "empty-q.gguf")
+    expect_error(b, ["quantize", "-m", empty, "-o", out, "--type", "q8_0"], "no tensors",
+                 "quantize of a file without tensors")
+    check(not os.path.exists(out), "no output for a file without tensors")
+    for cmd in ["tokenize", "run"]:
+        expect_error(b, [cmd, "-m", a.model, "-p", ""], "the prompt is empty", f"{cmd} -p ''")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("npumoe")
+    ap.add_argument("--model", required=True, help="models/npumoe-tiny-moe.gguf")
+    a = ap.parse_args()
+    b = a.npumoe
+    tmp = tempfile.mkdtemp(prefix="nm_cli_io_")
+    text = os.path.join(tmp, "text.txt")
+    with open(os.path.join(os.path.dirname(a.model), "heldout.txt"), encoding="utf-8") as f, \
+            open(text, "w", encoding="utf-8") as g:
+        g.write(f.read()[:6000])
+    test_outputs(b, a, tmp, text)
+    test_fifo_model(b, tmp)
+    test_stdout(b, a, text)
+    test_check_first(b, a, tmp, text)
+    test_empty(b, a, tmp)
+    print(f"test_cli_io: {test_cli.passed} passed, {test_cli.failed} failed")
+    return 1 if test_cli.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
