@@ -163,7 +163,8 @@ typedef struct nm_session_params {
                             modes the chunk T, taken from the plan when 0      */
     int32_t n_threads;   /* compute threads; 0 = one per online CPU           */
     nm_mode mode;        /* NM_MODE_DENSE by default                          */
-    const nm_plan *plan; /* needed by tiers, grouped, npumoe; outlives the session */
+    const nm_plan *plan; /* needed by tiers, grouped, npumoe; outlives the session;
+                            made for the model and for device (else refused)  */
     nm_device *device;   /* needed by every mode but dense; outlives the session */
     nm_kv_type kv_type;  /* NM_KV_F32 by default                              */
 } nm_session_params;

@@ -287,6 +287,7 @@ void nm_test_parity_plan(nm_test_plan *tp, int32_t chunk, int32_t n_layer, int32
                          nm_salience salience) {
     CHECK(n_layer <= NM_TEST_MAX_LAYER && n_expert <= NM_TEST_MAX_EXPERT && n_expert % 2 == 0);
     memset(tp, 0, sizeof *tp);
+    snprintf(tp->plan.device, sizeof tp->plan.device, "cpu"); /* the device the tests run */
     nm_moe_plan *p = &tp->plan.moe;
     p->chunk = chunk;
     p->n_layer = n_layer;

@@ -1,4 +1,4 @@
-/* The plan part: the model fingerprint (stable, blind to weight values,
+/* The plan part: the model fingerprint (stable, sensitive to weight values,
  * sensitive to types and shapes); calibration statistics against a
  * brute-force sort of the raw loads; calibration, profile and plan files
  * through save and load; the planner on synthetic calibrations and profiles
@@ -59,8 +59,9 @@ static nm_model *load_model(const char *path) {
 
 /* A copy of the tiny model's file with one change: the first weight of
  * blk.0.ffn_up_exps scaled (data only), or that tensor stored as F16 (a
- * type, as re-quantising changes). */
-static bool write_variant(const char *path, bool to_f16) {
+ * type, as re-quantising changes), or (swap_router) the first two rows of
+ * blk.0's router exchanged (the same weights routing to other experts). */
+static bool write_variant(const char *path, bool to_f16, bool swap_router) {
     nm_gguf *g = NULL;
     nm_error err = {0};
     if (nm_gguf_open(TINY, &g, &err) != NM_OK) return false;
@@ -76,7 +77,19 @@ static bool write_variant(const char *path, bool to_f16) {
         const nm_gguf_tensor *t = nm_gguf_tensor_at(g, i);
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        const bool target = strcmp(name, "blk.0.ffn_up_exps.weight") == 0;
+        const bool target = !swap_router && strcmp(name, "blk.0.ffn_up_exps.weight") == 0;
+        if (swap_router && strcmp(name, "blk.0.ffn_gate_inp.weight") == 0) {
+            CHECK_INT_EQ(t->type, NM_DTYPE_F32);
+            const size_t row = (size_t)t->ne[0] * sizeof(float);
+            unsigned char *r = malloc((size_t)t->n_bytes);
+            memcpy(r, t->data, (size_t)t->n_bytes);
+            memcpy(r, (const unsigned char *)t->data + row, row);
+            memcpy(r + row, t->data, row);
+            ok = nm_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, r, t->n_bytes) ==
+                 NM_OK;
+            free(r);
+            continue;
+        }
         if (!target) {
             ok = nm_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data,
                                            t->n_bytes) == NM_OK;
@@ -117,15 +130,24 @@ static void test_fingerprint(const nm_model *tiny) {
     CHECK(strcmp(a.hex, b.hex) == 0);
     nm_model_free(again);
 
-    CHECK(write_variant(TMP("data.gguf"), false));
+    /* weights' values are part of it: one value of an expert matrix, or
+     * the router's rows in another order (same shapes, types and names) */
+    CHECK(write_variant(TMP("data.gguf"), false, false));
     nm_model *data = load_model(TMP("data.gguf"));
     if (data) {
         CHECK(data->layers[0].experts.up.type == NM_DTYPE_F32);
         nm_model_fingerprint(data, &b);
-        CHECK(strcmp(a.hex, b.hex) == 0); /* weights' values are not part of it */
+        CHECK(strcmp(a.hex, b.hex) != 0);
         nm_model_free(data);
     }
-    CHECK(write_variant(TMP("f16.gguf"), true));
+    CHECK(write_variant(TMP("router.gguf"), false, true));
+    nm_model *permuted = load_model(TMP("router.gguf"));
+    if (permuted) {
+        nm_model_fingerprint(permuted, &b);
+        CHECK(strcmp(a.hex, b.hex) != 0);
+        nm_model_free(permuted);
+    }
+    CHECK(write_variant(TMP("f16.gguf"), true, false));
     nm_model *f16 = load_model(TMP("f16.gguf"));
     if (f16) {
         CHECK(f16->layers[0].experts.up.type == NM_DTYPE_F16);
@@ -1198,6 +1220,20 @@ static void test_end_to_end(nm_model *m) {
             CHECK(worst <= 1e-4 * scale);
             if (!(worst <= 1e-4 * scale))
                 fprintf(stderr, "%s: max |diff| %g of %g\n", nm_mode_name(modes[i]), worst, scale);
+            nm_session_free(fs);
+        }
+        /* a plan made for another device is refused, naming both */
+        if (back) {
+            snprintf(back->device, sizeof back->device, "vulkan");
+            nm_session_params fp = sp;
+            fp.mode = NM_MODE_NPUMOE;
+            fp.plan = back;
+            fp.device = dev;
+            nm_session *fs = NULL;
+            CHECK_INT_EQ(nm_session_new(m, &fp, &fs, &err), NM_ERR_INVALID_ARG);
+            CHECK(fs == NULL && strstr(err.msg, "device 'vulkan', not for device 'cpu'") != NULL);
+            fp.mode = NM_MODE_DENSE; /* dense uses no plan */
+            CHECK_INT_EQ(nm_session_new(m, &fp, &fs, &err), NM_OK);
             nm_session_free(fs);
         }
         nm_plan_free(plan);

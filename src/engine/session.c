@@ -41,6 +41,14 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
         return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown KV cache type %d", (int)p.kv_type);
     if ((unsigned)p.mode >= NM_MODE_COUNT)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown mode %d", (int)p.mode);
+    /* a plan's tiers and residency were chosen from one device's costs */
+    if (p.plan && p.device && p.mode != NM_MODE_DENSE && p.mode != NM_MODE_NAIVE &&
+        strcmp(p.plan->device, p.device->ops->name) != 0)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the plan was made for device '%s', not for device '%s': make one for "
+                         "'%s' (npumoe profile --device %s, then npumoe plan)",
+                         p.plan->device, p.device->ops->name, p.device->ops->name,
+                         p.device->ops->name);
     if (p.n_batch == 0) p.n_batch = p.plan ? p.plan->moe.chunk : 512;
     if (p.n_threads == 0) p.n_threads = nm_cpu_count();
     nm_session *s = nm_calloc(1, sizeof *s);

@@ -40,10 +40,36 @@ static void fnv_str(fnv *f, const char *s, size_t n) {
     fnv_bytes(f, s, n);
 }
 
+/* Bytes of a tensor's data in the digest: all of a router (a plan's loads
+ * follow its every row, and it is small: n_expert x d_model per layer),
+ * else SAMPLES pieces of SAMPLE_BYTES spread from the first byte to the last
+ * (the whole tensor when it is smaller), so two trainings or two files of
+ * the same shape differ while the cost stays a few pages per tensor. */
+enum { SAMPLES = 16, SAMPLE_BYTES = 64 };
+
+static bool is_router(const nm_gguf_str *name) {
+    static const char key[] = "ffn_gate_inp.";
+    const size_t n = sizeof key - 1;
+    for (size_t i = 0; i + n <= (size_t)name->len; i++)
+        if (memcmp(name->ptr + i, key, n) == 0) return true;
+    return false;
+}
+
+static void fnv_tensor_data(fnv *f, const nm_gguf_tensor *t) {
+    const unsigned char *p = t->data;
+    if (is_router(&t->name) || t->n_bytes <= (uint64_t)SAMPLES * SAMPLE_BYTES) {
+        fnv_bytes(f, p, (size_t)t->n_bytes);
+        return;
+    }
+    const uint64_t span = t->n_bytes - SAMPLE_BYTES;
+    for (uint64_t i = 0; i < SAMPLES; i++)
+        fnv_bytes(f, p + span * i / (SAMPLES - 1), SAMPLE_BYTES);
+}
+
 void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out) {
     NM_ASSERT(model && out);
     fnv f = {0xcbf29ce484222325ull};
-    static const char tag[] = "npumoe-fingerprint-1";
+    static const char tag[] = "npumoe-fingerprint-2";
     fnv_str(&f, tag, sizeof tag - 1);
     fnv_str(&f, model->arch->name, strlen(model->arch->name));
     const nm_hparams *hp = &model->hp;
@@ -60,6 +86,7 @@ void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out) {
         fnv_u64(&f, t->n_dims);
         for (uint32_t d = 0; d < t->n_dims; d++)
             fnv_u64(&f, (uint64_t)t->ne[d]);
+        fnv_tensor_data(&f, t);
     }
     snprintf(out->hex, sizeof out->hex, "%016llx", (unsigned long long)f.h);
 }

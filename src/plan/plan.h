@@ -31,11 +31,14 @@
 /* ---- model fingerprint (fingerprint.c) ---- */
 
 /* A hex digest of what makes two files the same model for planning: the
- * architecture, the MoE shape (layers, d_model, experts, k, d_ff) and the
- * tensor table (names, types, shapes; not the data, so it costs
- * microseconds): FNV-1a 64 over a length-prefixed little-endian
- * serialisation. Re-quantising a model changes it; retraining weights in
- * place does not. 16 lowercase hex digits + NUL. */
+ * architecture, the MoE shape (layers, d_model, experts, k, d_ff), the
+ * tensor table (names, types, shapes) and the weights: every byte of the
+ * routers (a plan follows their rows) and 16 pieces of 64 bytes spread over
+ * every other tensor (so it costs milliseconds, not a read of the file):
+ * FNV-1a 64 over a length-prefixed little-endian serialisation. Another
+ * training, a re-quantisation or permuted router rows change it; a change
+ * to a non-router tensor between the samples does not. 16 lowercase hex
+ * digits + NUL. */
 typedef struct nm_fingerprint {
     char hex[17];
 } nm_fingerprint;

@@ -241,6 +241,48 @@ def test_empty(b, a, tmp):
         expect_error(b, [cmd, "-m", a.model, "-p", ""], "the prompt is empty", f"{cmd} -p ''")
 
 
+def test_plans(b, a, tmp):
+    """Item 6: a plan runs only on the model (weights included) and the
+    device it was made for."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+    import gguf  # tests/ref/gguf.py
+    m = a.model
+    plan = os.path.join(tmp, "plan-a.json")
+    r = run(b, ["plan", "-m", m, "--calib", os.path.join(tmp, "c.json"), "--profile",
+                os.path.join(tmp, "p.json"), "-o", plan])
+    check(r.returncode == 0, "a plan for the shipped model", r.stderr.decode()[-300:])
+    # model B: the shipped model with every router's rows in reverse order:
+    # the same names, types and shapes, other routing
+    g = gguf.GGUFFile(m)
+    data = bytearray(open(m, "rb").read())
+    n_routers = 0
+    for name, t in g.tensors.items():
+        if "ffn_gate_inp" not in name:
+            continue
+        item = {0: 4, 1: 2, 30: 2}[t.type_id]
+        row, start = t.ne[0] * item, g.data_offset + t.offset
+        rows = [bytes(data[start + i * row:start + (i + 1) * row]) for i in range(t.ne[1])]
+        data[start:start + row * t.ne[1]] = b"".join(reversed(rows))
+        n_routers += 1
+    other = os.path.join(tmp, "permuted-routers.gguf")
+    with open(other, "wb") as f:
+        f.write(data)
+    check(n_routers == g.get("qwen3moe.block_count"), "every layer's router permuted")
+    expect_error(b, ["run", "-m", other, "--plan", plan, "-p", "In the beginning", "-n", "1"],
+                 "fingerprint", "a plan on a model of the same shapes with other router weights")
+    # a plan whose device is another
+    with open(plan) as f:
+        text = f.read()
+    check('"device": "cpu"' in text, "the plan names its device", text[:200])
+    vk = os.path.join(tmp, "plan-vulkan.json")
+    with open(vk, "w") as f:
+        f.write(text.replace('"device": "cpu"', '"device": "vulkan"', 1))
+    expect_error(b, ["run", "-m", m, "--plan", vk, "-p", "In the beginning", "-n", "1"],
+                 "device 'vulkan', not for device 'cpu'", "a plan made for another device")
+    r = run(b, ["run", "-m", m, "--plan", plan, "-p", "In the beginning", "-n", "1", "--seed", "1"])
+    check(r.returncode == 0, "the plan runs on its own model and device", r.stderr.decode()[-300:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("npumoe")
@@ -253,6 +295,7 @@ def main():
             open(text, "w", encoding="utf-8") as g:
         g.write(f.read()[:6000])
     test_outputs(b, a, tmp, text)
+    test_plans(b, a, tmp)
     test_fifo_model(b, tmp)
     test_stdout(b, a, text)
     test_check_first(b, a, tmp, text)
