@@ -59,6 +59,11 @@ typedef struct nm_model_params {
      * read from the file's mapping as it is (no copy, no load-time pass
      * over the file) */
     bool no_repack;
+    /* true: only the vocabulary and the file's metadata are read, no
+     * weights (as llama.cpp's vocab_only): enough to tokenize and describe,
+     * and the only way to open a file without tensors, which a full load
+     * refuses; sessions cannot be made on such a model */
+    bool vocab_only;
 } nm_model_params;
 
 nm_model_params nm_model_default_params(void);
@@ -82,6 +87,7 @@ typedef struct nm_model_info {
     bool add_bos;
     uint64_t weight_bytes;   /* bytes of all tensors in the file */
     uint64_t repacked_bytes; /* of them, copied at load into the kernels' layout */
+    bool vocab_only;         /* loaded with nm_model_params.vocab_only */
 } nm_model_info;
 
 void nm_model_get_info(const nm_model *model, nm_model_info *out);

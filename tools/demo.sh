@@ -12,14 +12,16 @@ DEVICE=${DEVICE:-cpu}
 CHUNK=${CHUNK:-256}
 LENGTHS=${LENGTHS:-512,1024,2048}
 REPS=${REPS:-3}
-PROMPT=${PROMPT:-"The quick brown fox"}
+# the model was trained on the King James Bible (models/README.md): a prompt
+# in its language shows what it learned
+PROMPT=${PROMPT:-"In the beginning God created"}
 out=build/demo
 
-echo "== building"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+echo "== building build/release/npumoe (the command alone; tools/test.sh builds the tests)"
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/release --target npumoe -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
 mkdir -p "$out"
-np=./build/npumoe
+np=./build/release/npumoe
 
 echo "== the model"
 # the first lines (sed reads to the end: head would close the pipe early,
@@ -32,7 +34,7 @@ $np profile -m "$MODEL" --device "$DEVICE" --chunk "$CHUNK" -o "$out/profile.jso
 echo "== 3. plan: tiers, groups, residency"
 $np plan -m "$MODEL" --calib "$out/calib.json" --profile "$out/profile.json" -o "$out/plan.json"
 echo "== 4. generate with the plan"
-$np run -m "$MODEL" --plan "$out/plan.json" --device "$DEVICE" -p "$PROMPT" -n 48 --temp 0
+$np run -m "$MODEL" --plan "$out/plan.json" --device "$DEVICE" -p "$PROMPT" -n 48 --temp 0 --seed 1
 echo "== 5. bench: TTFT of every mode by prompt length (report: $out/bench.md, .json, .svg)"
 $np bench -m "$MODEL" --plan "$out/plan.json" --device "$DEVICE" -f "$TEXT" \
     --lengths "$LENGTHS" -r "$REPS" -o "$out/bench"

@@ -32,6 +32,9 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                          nm_error *err) {
     *out = NULL;
     nm_session_params p = params ? *params : nm_session_default_params();
+    if (model->vocab_only)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the model was loaded for its vocabulary only: no weights to run");
     if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "session sizes must not be negative (ctx %d, batch %d, threads %d)",

@@ -100,9 +100,11 @@ nm_status nm_model_state_new(const nm_model *m, const nm_state_params *p, nm_mod
     if (!st->ids || !st->experts) ok = false;
     if (!ok) {
         nm_model_state_free(st);
+        const bool f16 = p->kv_type == NM_KV_F16;
         return nm_errorf(err, NM_ERR_NOMEM,
-                         "out of memory for a session of %d positions (KV cache %.1f MiB)", n_ctx,
-                         2.0 * hp->n_layer * n_ctx * kv_dim * sizeof(float) / 1048576.0);
+                         "out of memory for a session of %d positions (KV cache %.1f MiB in %s)",
+                         n_ctx, 2.0 * hp->n_layer * n_ctx * kv_dim * (f16 ? 2.0 : 4.0) / 1048576.0,
+                         f16 ? "f16" : "f32");
     }
     for (int il = 0; il < hp->n_layer; il++)
         st->experts[il] = &m->layers[il].experts;

@@ -269,7 +269,8 @@ void nm_model_free(nm_model *model) {
     nm_free(model);
 }
 
-static nm_status load_into(nm_model *m, const char *path, bool repack, nm_error *err) {
+static nm_status load_into(nm_model *m, const char *path, bool repack, bool vocab_only,
+                           nm_error *err) {
     nm_status st = nm_gguf_open(path, &m->gguf, err);
     if (st != NM_OK) return st;
     nm_gguf_str arch;
@@ -284,6 +285,16 @@ static nm_status load_into(nm_model *m, const char *path, bool repack, nm_error 
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     st = nm_tokenizer_load(m->gguf, &m->tok, err);
     if (st != NM_OK) return st;
+    if (vocab_only) {
+        m->vocab_only = true;
+        m->hp.n_vocab = nm_tokenizer_n_vocab(m->tok);
+        /* the trained context when the file says it, else 0 (unknown) */
+        return nm_model_hparam_i32(m, "context_length", false, &m->hp.n_ctx_train, err);
+    }
+    if (nm_gguf_n_tensors(m->gguf) == 0)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "the file has no tensors (token_embd.weight and the rest): a "
+                         "vocabulary-only file, which only tokenize and info read");
     st = m->arch->load(m, err);
     if (st != NM_OK) return st;
     if (repack && (st = repack_weights(m, err)) != NM_OK) return st;
@@ -307,7 +318,8 @@ nm_status nm_model_load(const char *path, const nm_model_params *params, nm_mode
         nm_free(m);
         return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown compat value %d", (int)m->compat);
     }
-    nm_status st = load_into(m, path, !(params && params->no_repack), err);
+    nm_status st =
+        load_into(m, path, !(params && params->no_repack), params && params->vocab_only, err);
     if (st != NM_OK) {
         /* the reader already names the path; everything else gets it here */
         if (m->gguf) nm_error_prefix(err, "%s", path);
@@ -334,6 +346,7 @@ void nm_model_get_info(const nm_model *model, nm_model_info *out) {
     for (uint64_t i = 0; i < nm_gguf_n_tensors(model->gguf); i++)
         out->weight_bytes += nm_gguf_tensor_at(model->gguf, i)->n_bytes;
     out->repacked_bytes = model->repacked_bytes;
+    out->vocab_only = model->vocab_only;
 }
 
 void nm_model_describe(const nm_model *model, void *file) {
@@ -348,6 +361,13 @@ void nm_model_describe(const nm_model *model, void *file) {
             nm_tokenizer_bos(model->tok), nm_tokenizer_eos(model->tok),
             nm_tokenizer_add_bos(model->tok) ? "yes" : "no");
     fprintf(f, "context (trained):   %d\n", hp->n_ctx_train);
+    if (model->vocab_only) {
+        fprintf(f,
+                "weights:             none read (vocabulary only; the file has %" PRIu64
+                " tensors)\n",
+                nm_gguf_n_tensors(model->gguf));
+        return;
+    }
     fprintf(f, "layers:              %d\n", hp->n_layer);
     fprintf(f, "d_model:             %d\n", hp->n_embd);
     fprintf(f, "attention heads:     %d query, %d key/value, head_dim %d\n", hp->n_head,

@@ -86,6 +86,7 @@ struct nm_model {
     nm_tokenizer *tok;
     const nm_arch *arch;
     nm_hparams hp;
+    bool vocab_only;            /* nm_model_params.vocab_only: tok, gguf, arch only */
     nm_layer *layers;           /* [n_layer] */
     nm_mat tok_embd;            /* [n_vocab][n_embd] */
     const float *output_norm;   /* [n_embd] */

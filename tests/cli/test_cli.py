@@ -206,7 +206,8 @@ def main():
         f.write(head)
     expect_error(bin_, ["info", "-m", trunc], "trunc.gguf", "truncated GGUF")
     vocab_only = os.path.join(a.vectors, "llama2-vocab.gguf")
-    expect_error(bin_, ["info", "-m", vocab_only], "token_embd.weight", "vocab-only phimoe file")
+    expect_error(bin_, ["run", "-m", vocab_only, "-p", "x"], "token_embd.weight",
+                 "vocab-only phimoe file as a model")
     other_arch = os.path.join(tmp, "gemma3.gguf")
     with open(other_arch, "wb") as f:  # GGUF v3, no tensors, one key
         key, val = b"general.architecture", b"gemma3"
@@ -230,7 +231,8 @@ def main():
     expect_error(bin_, ["info", "-m", iq4], "'blk.1.ffn_up_exps.weight' has type iq4_nl",
                  "weights of a type not supported")
     qwen_vocab = os.path.join(a.vectors, "qwen3-vocab.gguf")
-    expect_error(bin_, ["info", "-m", qwen_vocab], "token_embd.weight", "vocab-only file as a model")
+    expect_error(bin_, ["logits", "-m", qwen_vocab, "-p", "x", "-o", os.path.join(tmp, "v.f32")],
+                 "vocabulary-only", "vocab-only file as a model")
     expect_error(bin_, ["run", "-m", model, "-f", os.path.join(tmp, "none.txt")], "none.txt",
                  "missing prompt file")
 

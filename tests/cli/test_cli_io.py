@@ -4,11 +4,14 @@
 a FIFO given as the model; standard output that cannot be written or is
 closed early; output paths checked before the work; empty inputs.
 
-Usage: test_cli_io.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
+Usage: test_cli_io.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf) --vectors DIR
 Each case states what it checks; every one of them failed before issue 11.
 """
 import argparse
+import json
+import math
 import os
+import re
 import socket
 import stat
 import struct
@@ -283,10 +286,236 @@ def test_plans(b, a, tmp):
     check(r.returncode == 0, "the plan runs on its own model and device", r.stderr.decode()[-300:])
 
 
+def test_vocab_only(b, a):
+    """Item 7: tokenize and info read vocabulary-only files, as
+    llama-tokenize --vocab-only does; the ids are llama.cpp's."""
+    repo_models = os.path.dirname(a.model)
+    cases = [(os.path.join(repo_models, "qwen3-4k-vocab.gguf"), "qwen3-4k-tokenize.tsv"),
+             (os.path.join(a.vectors, "qwen3-vocab.gguf"), "qwen3-tokenize.tsv"),
+             (os.path.join(a.vectors, "llama2-vocab.gguf"), "llama2-tokenize.tsv")]
+    for vocab, tsv in cases:
+        with open(os.path.join(a.vectors, tsv), encoding="utf-8") as f:
+            rows = [l.rstrip("\n").split("\t") for l in f if l.strip()][:12]
+        bad = []
+        for text_json, ids in rows:
+            text = json.loads(text_json)
+            r = run(b, ["tokenize", "-m", vocab, "-p", text])
+            if r.returncode != 0 or r.stdout.decode().split() != ids.split():
+                bad.append((text, ids, r.stdout.decode().strip(), r.stderr.decode()[-200:]))
+        check(not bad and rows, "tokenize -m %s gives llama.cpp's ids (%d strings)"
+              % (os.path.basename(vocab), len(rows)), str(bad[:2]))
+        r = run(b, ["info", "-m", vocab])
+        check(r.returncode == 0 and b"vocabulary only" in r.stdout and b"vocabulary:" in r.stdout,
+              "info -m %s describes a vocabulary-only file" % os.path.basename(vocab),
+              (r.stdout + r.stderr).decode()[-300:])
+    expect_error(b, ["run", "-m", cases[0][0], "-p", "x"], "vocabulary-only",
+                 "run on a vocabulary-only file")
+
+
+def test_context(b, a, text):
+    """Item 8: the trained context is the default window of perplexity when
+    shorter than 512; a larger context is warned about; an over-long prompt
+    names -c."""
+    m = a.model
+    r = run(b, ["info", "-m", m])
+    trained = int(re.search(rb"context \(trained\): +(\d+)", r.stdout).group(1))
+    check(trained == 256, "the shipped model was trained on 256 tokens", r.stdout.decode()[:300])
+    r = run(b, ["perplexity", "-m", m, "-f", text])
+    check(r.returncode == 0 and b"windows of 256 tokens" in r.stderr,
+          "perplexity's windows default to the trained context", r.stderr.decode()[-300:])
+    r = run(b, ["run", "-m", m, "-p", "In the beginning", "-n", "1", "-c", "65536", "--seed", "1"])
+    check(r.returncode == 0 and b"warning: a context of 65536 tokens exceeds the 256" in r.stderr,
+          "run -c 65536 warns that it exceeds the trained context", r.stderr.decode()[-300:])
+    r = run(b, ["perplexity", "-m", m, "-f", text, "-c", "512"])
+    check(r.returncode == 0 and b"exceeds the 256" in r.stderr,
+          "perplexity -c 512 warns", r.stderr.decode()[-300:])
+    r = run(b, ["run", "-m", m, "-p", "In the beginning", "-n", "1", "-c", "256", "--seed", "1"])
+    check(r.returncode == 0 and b"warning" not in r.stderr, "no warning within the trained context",
+          r.stderr.decode()[-300:])
+    expect_error(b, ["run", "-m", m, "-p", "a b c d e f g h i j", "-c", "4"], "-c N",
+                 "an over-long prompt names -c")
+    r = run(b, ["bench", "-m", m, "-f", text, "--lengths", "128,512", "--modes", "dense", "-r", "1"])
+    check(r.returncode == 0 and b"a context of 512 tokens exceeds the 256" in r.stderr
+          and b"context of 128" not in r.stderr,
+          "bench says which --lengths exceed the trained context", r.stderr.decode()[-300:])
+
+
+def test_help(b):
+    """Item 9: each command's help describes its own options, with defaults,
+    in 80 columns."""
+    cmds = ["info", "tokenize", "run", "logits", "perplexity", "compare", "calibrate", "profile",
+            "plan", "bench", "quantize"]
+    helps = {}
+    for c in cmds:
+        r = run(b, [c, "--help"])
+        helps[c] = r.stdout.decode()
+        long_lines = [l for l in helps[c].splitlines() if len(l) > 80]
+        check(r.returncode == 0 and not long_lines, f"{c} --help fits 80 columns", str(long_lines[:2]))
+    r = run(b, ["--help"])
+    check(all(len(l) <= 80 for l in r.stdout.decode().splitlines()), "--help fits 80 columns")
+
+    def option_text(help_text, name):
+        """The help of option --name: its line and the indented lines after it."""
+        lines = help_text.splitlines()
+        for i, l in enumerate(lines):
+            if re.match(r"\s+(-\w, )?--%s\b" % re.escape(name), l):
+                out = [l]
+                for k in lines[i + 1:]:
+                    if not k.startswith(" " * 32):
+                        break
+                    out.append(k)
+                return " ".join(x.strip() for x in out)
+        return ""
+    check("F32/F16/BF16" in option_text(helps["quantize"], "model")
+          and "F32/F16/BF16" not in option_text(helps["run"], "model"),
+          "-m describes quantize's input only in quantize", option_text(helps["run"], "model"))
+    outs = {c: option_text(helps[c], "output") for c in ["logits", "calibrate", "profile", "plan",
+                                                         "bench", "quantize"]}
+    check("logits" in outs["logits"] and "calibration" in outs["calibrate"]
+          and "profile" in outs["profile"] and "plan" in outs["plan"]
+          and "PREFIX" in outs["bench"] and "GGUF" in outs["quantize"]
+          and "logits" not in outs["plan"] and "calibration" not in outs["quantize"],
+          "-o describes each command's own output", str(outs))
+    chunk = option_text(helps["calibrate"], "chunk")
+    check("default 256" in chunk and "plan" not in chunk, "calibrate --chunk gives its default",
+          chunk)
+    check("--no-repack" not in helps["tokenize"], "tokenize does not list --no-repack")
+    check("default 0.95" in option_text(helps["plan"], "quantile"), "plan --quantile gives its default")
+    check("default: a random one" in option_text(helps["run"], "seed"), "run --seed says it is random")
+
+
+def test_plan_quantile_default(b, tmp):
+    """The default that plan --help states is the one plan uses."""
+    with open(os.path.join(tmp, "plan-a.json")) as f:
+        check(json.load(f).get("quantile") == 0.95, "a plan made without --quantile uses 0.95")
+
+
+def test_progress(b, a, text):
+    """Item 10: progress is one line rewritten in place on a terminal, and a
+    line every few seconds at most elsewhere."""
+    m = a.model
+    cal = ["calibrate", "-m", m, "-f", text, "--chunk", "32", "-c", "128", "-o", "/dev/null"]
+    r = run(b, cal)
+    lines = [l for l in r.stderr.decode().splitlines() if l.startswith("calibrate:")]
+    check(r.returncode == 0 and 1 <= len(lines) <= 2 and "1568/1568" in lines[-1],
+          "calibrate into a pipe: the final progress line, no line per window", str(lines))
+    r = run(b, ["perplexity", "-m", m, "-f", text, "-c", "128"])
+    lines = [l for l in r.stderr.decode().splitlines() if l.startswith("[")]
+    check(r.returncode == 0 and 1 <= len(lines) <= 2 and lines[-1].startswith("[12/12]"),
+          "perplexity into a pipe: the final progress line", str(lines))
+    import pty
+    master, slave = pty.openpty()
+    p = subprocess.Popen([b] + cal, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    got = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    p.wait(120)
+    os.close(master)
+    prog = [l for l in got.split(b"\n") if b"calibrate:" in l]
+    check(p.returncode == 0 and len(prog) == 1 and prog[0].count(b"\r") >= 5
+          and b"1568/1568" in prog[0],
+          "calibrate on a terminal: one line rewritten in place", repr(got[-300:]))
+
+
+def test_run_prompt_seed(b, a):
+    """Item 11: run shows the prompt before the generated text; the default
+    seed is random and printed, --seed repeats a run."""
+    m = a.model
+    base = ["run", "-m", m, "-p", "In the beginning", "-n", "8", "--temp", "1"]
+    r = run(b, base + ["--seed", "7"])
+    check(r.returncode == 0 and r.stdout.startswith(b"In the beginning")
+          and len(r.stdout) > len("In the beginning\n"), "run echoes the prompt", repr(r.stdout))
+    r2 = run(b, base + ["--seed", "7", "--no-display-prompt"])
+    check(r2.returncode == 0 and not r2.stdout.startswith(b"In the beginning")
+          and r.stdout == b"In the beginning" + r2.stdout,
+          "--no-display-prompt prints the generated text alone", repr(r2.stdout))
+    seeds, outs = [], []
+    for _ in range(2):
+        r = run(b, base)
+        mm = re.search(rb"sampler seed: +(\d+)", r.stderr)
+        seeds.append(int(mm.group(1)) if mm else None)
+        outs.append(r.stdout)
+    check(None not in seeds and seeds[0] != seeds[1], "without --seed each run draws a seed and says it",
+          str(seeds))
+    if None not in seeds:
+        r = run(b, base + ["--seed", str(seeds[0])])
+        check(r.stdout == outs[0] and re.search(rb"sampler seed: +%d\n" % seeds[0], r.stderr),
+              "--seed with the printed seed repeats the run", repr((r.stdout, outs[0])))
+
+
+def test_oom_f16(b, a):
+    """Item 12: the out-of-memory message states the size of the cache it
+    tried, in the KV type asked for."""
+    import resource
+
+    def small_address_space():  # 2 GiB: the caches below (5.6 and 2.8 GiB) cannot fit
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    mib = {}
+    for kv in ["f32", "f16"]:
+        r = subprocess.run([b, "run", "-m", a.model, "-p", "x", "-n", "1", "-c", "1000000",
+                            "--kv-type", kv, "--seed", "1"], capture_output=True, timeout=120,
+                           preexec_fn=small_address_space)
+        mm = re.search(rb"KV cache ([0-9.]+) MiB in (f16|f32)", r.stderr)
+        mib[kv] = (float(mm.group(1)), mm.group(2).decode()) if mm and r.returncode == 1 else None
+    check(mib["f32"] and mib["f16"] and mib["f16"][1] == "f16"
+          and abs(mib["f16"][0] * 2 - mib["f32"][0]) < 0.2,
+          "--kv-type f16's out-of-memory message states the f16 size (half the f32 one)", str(mib))
+
+
+def test_bench_report(b, a, tmp, text):
+    """Item 13: the TTFT plot has round ticks, a median point and a min-max
+    bar per cell, the model and device in its title; the report warns about
+    every cell whose repetitions spread too widely to trust a ratio."""
+    prefix = os.path.join(tmp, "bench")
+    r = run(b, ["bench", "-m", a.model, "-f", text, "--lengths", "64,128", "--modes",
+                "dense,naive", "-r", "3", "-o", prefix])
+    check(r.returncode == 0, "bench writes its reports", r.stderr.decode()[-300:])
+    if r.returncode != 0:
+        return
+    svg = open(prefix + ".svg").read()
+    js = json.load(open(prefix + ".json"))
+    md = open(prefix + ".md").read()
+    check("TTFT by prompt length: npumoe-tiny-moe.gguf on cpu" in svg,
+          "the plot's title names the model and the device", svg[:400])
+    ticks = [float(x) for x in re.findall(r'class="tick"[^>]*>([^<]+)<', svg)]
+    steps = {round(y - x, 9) for x, y in zip(ticks, ticks[1:])}
+    step = steps.pop() if len(steps) == 1 else 0
+    mant = step / 10 ** math.floor(math.log10(step)) if step > 0 else 0
+    top = max(c["ttft_max_ms"] for c in js["results"])
+    check(ticks and ticks[0] == 0 and not steps and round(mant, 6) in (1, 2, 5)
+          and ticks[-1] >= top and ticks[-1] - step < top,
+          "the plot's ticks are round, evenly spaced, and end just past the slowest run",
+          "ticks %s, slowest %.3f" % (ticks, top))
+    n_cells = len(js["results"])
+    check(svg.count('class="median"') == n_cells and svg.count('class="range"') == n_cells,
+          "a median point and a min-max bar per cell", "%d cells" % n_cells)
+    wide = sorted((c["mode"], str(c["prompt"])) for c in js["results"]
+                  if (c["ttft_max_ms"] - c["ttft_min_ms"]) / c["ttft_ms"] > 0.25)
+    noted = sorted(re.findall(r"warning: (\w+) at prompt (\d+): the repetitions spread", md))
+    check(wide == noted, "the report warns exactly about the cells spread over 25%",
+          "wide %s, warned %s" % (wide, noted))
+    # the demo and the README name the same binary, the one the tests build
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    demo = open(os.path.join(root, "tools", "demo.sh")).read()
+    readme = open(os.path.join(root, "README.md")).read()
+    check("np=./build/release/npumoe" in demo and "./build/release/npumoe run" in readme
+          and "./build/npumoe" not in readme, "the demo and the README use build/release/npumoe")
+    check("The quick brown fox" not in demo and "In the beginning" in demo,
+          "the demo's prompt is in the language of the King James Bible")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("npumoe")
     ap.add_argument("--model", required=True, help="models/npumoe-tiny-moe.gguf")
+    ap.add_argument("--vectors", required=True, help="the shared golden vectors")
     a = ap.parse_args()
     b = a.npumoe
     tmp = tempfile.mkdtemp(prefix="nm_cli_io_")
@@ -300,6 +529,14 @@ def main():
     test_stdout(b, a, text)
     test_check_first(b, a, tmp, text)
     test_empty(b, a, tmp)
+    test_vocab_only(b, a)
+    test_context(b, a, text)
+    test_help(b)
+    test_plan_quantile_default(b, tmp)
+    test_progress(b, a, text)
+    test_run_prompt_seed(b, a)
+    test_oom_f16(b, a)
+    test_bench_report(b, a, tmp, text)
     print(f"test_cli_io: {test_cli.passed} passed, {test_cli.failed} failed")
     return 1 if test_cli.failed else 0
 

@@ -58,8 +58,18 @@ typedef struct bench {
     int32_t chunk;
     int32_t n_layer;
     double predicted_chunk_ms; /* the plan's, 0 without a plan */
+    const char *model;         /* the file's name, for the plot's title */
     cell *cells;               /* [n_lengths][n_modes] */
 } bench;
+
+/* Repetitions whose range passes this share of their median say the machine
+ * was busy: a ratio of two such medians is not to be trusted. */
+#define SPREAD_LIMIT 0.25
+
+static double spread(const double *v, int n) {
+    const double m = median(v, n);
+    return m > 0 ? (maximum(v, n) - minimum(v, n)) / m : 0.0;
+}
 
 /* Measured wall time of the MoE steps of one chunk (all layers), ms. */
 static double moe_ms_per_chunk(const bench *b, const cell *c) {
@@ -103,6 +113,17 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
                     100.0 * ratio(m->dropped, m->assignments),
                     100.0 * ratio(m->spilled, m->assignments), moe_ms_per_chunk(b, c));
         }
+    for (int li = 0; li < b->n_lengths; li++)
+        for (int mi = 0; mi < b->n_modes; mi++) {
+            const double sp = spread(at(b, li, mi)->ttft_ms, b->reps);
+            if (sp > SPREAD_LIMIT)
+                fprintf(f,
+                        "\nwarning: %s at prompt %d: the repetitions spread over %.0f%% of their "
+                        "median (more than %.0f%%): the machine was busy, and ratios with this "
+                        "cell are not reliable; rerun on a quiet machine or with more -r.",
+                        nm_mode_name(b->modes[mi]), b->lengths[li], 100.0 * sp,
+                        100.0 * SPREAD_LIMIT);
+        }
     const int i_npumoe = index_of(b, NM_MODE_NPUMOE);
     for (int li = 0; i_npumoe >= 0 && b->predicted_chunk_ms > 0 && li < b->n_lengths; li++) {
         const double measured = moe_ms_per_chunk(b, at(b, li, i_npumoe));
@@ -143,14 +164,29 @@ static void write_json(FILE *f, const bench *b, const char *device) {
     fprintf(f, "],\"predicted_chunk_ms\":%.4f}\n", b->predicted_chunk_ms);
 }
 
-/* TTFT against prompt length, one polyline per mode. */
-static void write_svg(FILE *f, const bench *b) {
+/* A round step (1, 2 or 5 times a power of ten) that covers [0, max] in at
+ * most 5 steps. */
+static double round_step(double max) {
+    if (!(max > 0)) return 1;
+    const double p = pow(10, floor(log10(max / 5)));
+    const double steps[4] = {1, 2, 5, 10};
+    for (int i = 0; i < 4; i++)
+        if (steps[i] * p * 5 >= max) return steps[i] * p;
+    return 10 * p;
+}
+
+/* TTFT against prompt length: per mode a polyline through the medians, and
+ * at each point a bar from the fastest to the slowest repetition. */
+static void write_svg(FILE *f, const bench *b, const char *device) {
     const double W = 640, H = 400, L = 70, R = 150, T = 30, B = 50;
     double max_t = 0;
     for (int i = 0; i < b->n_lengths * b->n_modes; i++) {
-        double t = median(b->cells[i].ttft_ms, b->reps);
+        double t = maximum(b->cells[i].ttft_ms, b->reps);
         max_t = t > max_t ? t : max_t;
     }
+    const double step = round_step(max_t);
+    const int n_ticks = (int)ceil(max_t / step - 1e-9) > 0 ? (int)ceil(max_t / step - 1e-9) : 1;
+    const double top = step * n_ticks; /* the axis ends on a tick */
     const double max_len = b->lengths[b->n_lengths - 1];
     static const char *const colors[] = {"#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c"};
     fprintf(f,
@@ -158,24 +194,28 @@ static void write_svg(FILE *f, const bench *b) {
             "font-family=\"sans-serif\" font-size=\"12\">\n",
             W, H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"18\" text-anchor=\"middle\">TTFT by prompt length</text>\n",
-            (W - R + L) / 2);
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"18\" text-anchor=\"middle\">TTFT by prompt length: %s on "
+            "%s</text>\n",
+            (W - R + L) / 2, b->model, device);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L,
             H - B, W - R, H - B);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T,
             L, H - B);
-    for (int i = 0; i <= 4; i++) {
-        const double v = max_t * i / 4, y = H - B - (H - B - T) * i / 4;
-        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.0f</text>\n", L - 6, y + 4,
-                v);
+    for (int i = 0; i <= n_ticks; i++) {
+        const double y = H - B - (H - B - T) * i / n_ticks;
+        fprintf(f, "<text class=\"tick\" x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%g</text>\n",
+                L - 6, y + 4, step * i);
     }
     for (int li = 0; li < b->n_lengths; li++) {
         const double x = L + (W - R - L) * b->lengths[li] / max_len;
         fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%d</text>\n", x, H - B + 16,
                 b->lengths[li]);
     }
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">prompt tokens</text>\n",
-            (W - R + L) / 2, H - 12);
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">prompt tokens (points: median "
+            "of %d; bars: fastest to slowest)</text>\n",
+            (W - R + L) / 2, H - 12, b->reps);
     fprintf(f,
             "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" "
             "text-anchor=\"middle\">TTFT (ms)</text>\n",
@@ -185,10 +225,22 @@ static void write_svg(FILE *f, const bench *b) {
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", color);
         for (int li = 0; li < b->n_lengths; li++) {
             const double x = L + (W - R - L) * b->lengths[li] / max_len;
-            const double y = H - B - (H - B - T) * median(at(b, li, mi)->ttft_ms, b->reps) / max_t;
+            const double y = H - B - (H - B - T) * median(at(b, li, mi)->ttft_ms, b->reps) / top;
             fprintf(f, "%.1f,%.1f ", x, y);
         }
-        fprintf(f, "\"/>\n<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">%s</text>\n", W - R + 10,
+        fprintf(f, "\"/>\n");
+        for (int li = 0; li < b->n_lengths; li++) {
+            const cell *c = at(b, li, mi);
+            const double x = L + (W - R - L) * b->lengths[li] / max_len, span = H - B - T;
+            fprintf(f,
+                    "<line class=\"range\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                    "stroke=\"%s\"/>\n<circle class=\"median\" cx=\"%.1f\" cy=\"%.1f\" r=\"3\" "
+                    "fill=\"%s\"/>\n",
+                    x, H - B - span * minimum(c->ttft_ms, b->reps) / top, x,
+                    H - B - span * maximum(c->ttft_ms, b->reps) / top, color, x,
+                    H - B - span * median(c->ttft_ms, b->reps) / top, color);
+        }
+        fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">%s</text>\n", W - R + 10,
                 T + 18.0 * mi + 10, color, nm_mode_name(b->modes[mi]));
     }
     fprintf(f, "</svg>\n");
@@ -208,10 +260,7 @@ static int write_report(const char *prefix, const char *ext, const bench *b, con
     return st == NM_OK ? 0 : fail_err(&err);
 }
 
-static void svg_writer(FILE *f, const bench *b, const char *device) {
-    (void)device;
-    write_svg(f, b);
-}
+static void svg_writer(FILE *f, const bench *b, const char *device) { write_svg(f, b, device); }
 
 /* Every mode prefills the first L tokens once per repetition. */
 static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int li,
@@ -262,6 +311,7 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     bench b;
     memset(&b, 0, sizeof b);
     b.reps = o->reps ? o->reps : 5;
+    b.model = strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 : o->model;
     if (o->lengths) {
         b.n_lengths =
             parse_int_list(o->lengths, "--lengths", 1, 1 << 20, b.lengths, MAX_LENGTHS, &err);

@@ -38,6 +38,26 @@ typedef struct cli_session {
 nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
                        nm_error *err);
 void close_session(cli_session *cs);
+/* Progress on stderr: on a terminal one line rewritten in place (\r) and
+ * the final line kept; else (a file, a pipe, a test) a line every
+ * PROGRESS_PERIOD_S seconds at most, and the final one. */
+enum { PROGRESS_PERIOD_S = 5 };
+typedef struct cli_progress {
+    double last_s;
+    bool tty;
+} cli_progress;
+void progress_start(cli_progress *p);
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+void progress_update(cli_progress *p, bool final, const char *fmt, ...);
+
+/* Says on stderr (once per value) that n_ctx exceeds the model's trained
+ * context, as llama.cpp does; open_session calls it for an explicit -c. */
+void warn_context(const nm_model *model, int32_t n_ctx);
+/* For NM_ERR_CAPACITY (a prompt longer than the context), adds to the
+ * message which option gives more room; returns st. */
+nm_status name_ctx_option(nm_status st, nm_error *err);
 /* --kv-type into *out (NM_KV_F32 when absent). */
 nm_status parse_kv_type(const cli_options *o, nm_kv_type *out, nm_error *err);
 

@@ -7,9 +7,11 @@
 #include "tokenizer/chat.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "npumoe: ");
@@ -227,11 +229,56 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
     return ids;
 }
 
+void progress_start(cli_progress *p) {
+    memset(p, 0, sizeof *p);
+    p->tty = isatty(fileno(stderr)) == 1;
+    p->last_s = now_s();
+}
+
+void progress_update(cli_progress *p, bool final, const char *fmt, ...) {
+    const double t = now_s();
+    /* a file or a pipe gets a line every PROGRESS_PERIOD_S at most, and the last */
+    if (!p->tty && !final && t - p->last_s < PROGRESS_PERIOD_S) return;
+    p->last_s = t;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (p->tty) /* one line rewritten in place; the final one stays */
+        fprintf(stderr, "\r%s\033[K%s", line, final ? "\n" : "");
+    else
+        fprintf(stderr, "%s\n", line);
+    fflush(stderr);
+}
+
+void warn_context(const nm_model *model, int32_t n_ctx) {
+    static int32_t warned; /* each value once: bench opens a session per mode */
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    if (info.n_ctx_train > 0 && n_ctx > info.n_ctx_train && n_ctx != warned) {
+        warned = n_ctx;
+        fprintf(stderr,
+                "warning: a context of %d tokens exceeds the %d the model was trained on: "
+                "positions past %d are outside what it learned\n",
+                n_ctx, info.n_ctx_train, info.n_ctx_train);
+    }
+}
+
+nm_status name_ctx_option(nm_status st, nm_error *err) {
+    if (st == NM_ERR_CAPACITY) {
+        size_t n = strlen(err->msg);
+        snprintf(err->msg + n, sizeof err->msg - n, " (-c N gives a larger context)");
+    }
+    return st;
+}
+
 nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
                        nm_error *err) {
     memset(cs, 0, sizeof *cs);
     nm_session_params sp = nm_session_default_params();
     sp.n_ctx = o->ctx;
+    if (o->ctx) warn_context(model, o->ctx);
     sp.n_batch = o->chunk ? o->chunk : o->batch;
     sp.n_threads = o->threads;
     nm_status st = parse_kv_type(o, &sp.kv_type, err);

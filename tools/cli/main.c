@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static int cmd_info(nm_model *model, const cli_options *o) {
     (void)o;
@@ -58,7 +59,8 @@ static int cmd_logits(nm_model *model, const cli_options *o) {
     float *logits = st == NM_OK ? malloc(n_rows * (size_t)info.n_vocab * sizeof(float)) : NULL;
     if (st == NM_OK && !logits)
         st = NM_ERR_NOMEM, snprintf(err.msg, sizeof err.msg, "out of memory for logits");
-    if (st == NM_OK) st = nm_session_eval(s, ids, (int32_t)n, logits, o->all, &err);
+    if (st == NM_OK)
+        st = name_ctx_option(nm_session_eval(s, ids, (int32_t)n, logits, o->all, &err), &err);
     if (st == NM_OK)
         st = nm_outfile_write(&out, logits, n_rows * (size_t)info.n_vocab * sizeof(float), &err);
     if (st == NM_OK)
@@ -128,6 +130,7 @@ typedef struct run_result {
     const char *stop; /* "eos", "length" or "context" */
     double ttft_s, prefill_s, decode_s;
     double prefill_cpu_s; /* user+sys of the process during the prefill */
+    uint64_t seed;        /* the sampler's */
 } run_result;
 
 static bool append_text(run_result *r, const char *bytes, size_t n) {
@@ -155,14 +158,24 @@ static nm_status generate(nm_model *model, nm_session *s, nm_sampler *sampler, c
     }
     for (size_t i = 0; i < n_prompt; i++)
         nm_sampler_accept(sampler, ids[i]);
+    char piece[256];
+    /* the prompt first, as llama-cli shows it: its tokens' text */
+    for (size_t i = 0; !o->json && !o->no_display_prompt && i < n_prompt; i++) {
+        int32_t len = nm_token_to_piece(model, ids[i], false, piece, sizeof piece);
+        if (len > 0 && len <= (int32_t)sizeof piece &&
+            fwrite(piece, 1, (size_t)len, stdout) != (size_t)len) {
+            free(logits);
+            return nm_errorf(err, NM_ERR_IO, "cannot write standard output: %s", strerror(errno));
+        }
+    }
     r->stop = "length";
     const double t0 = now_s(), cpu0 = cpu_s();
-    nm_status st =
-        nm_session_eval(s, ids, (int32_t)n_prompt, o->n_predict > 0 ? logits : NULL, false, err);
+    nm_status st = name_ctx_option(
+        nm_session_eval(s, ids, (int32_t)n_prompt, o->n_predict > 0 ? logits : NULL, false, err),
+        err);
     r->prefill_s = now_s() - t0;
     r->prefill_cpu_s = cpu_s() - cpu0;
     const double t_decode = now_s();
-    char piece[256];
     for (int32_t i = 0; st == NM_OK && i < o->n_predict; i++) {
         int32_t next = nm_sampler_sample(sampler, logits);
         if (i == 0) r->ttft_s = now_s() - t0;
@@ -198,6 +211,16 @@ static nm_status generate(nm_model *model, nm_session *s, nm_sampler *sampler, c
     return st;
 }
 
+/* A seed no two runs share: the clock and the process, mixed. */
+static uint64_t random_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    nm_rng r;
+    nm_rng_seed(&r, (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec +
+                        ((uint64_t)getpid() << 32));
+    return nm_rng_u64(&r);
+}
+
 static int cmd_run(nm_model *model, const cli_options *o) {
     nm_error err = {0};
     size_t n = 0;
@@ -212,12 +235,13 @@ static int cmd_run(nm_model *model, const cli_options *o) {
     spp.min_p = o->min_p;
     spp.repeat_penalty = o->repeat_penalty;
     spp.repeat_last_n = o->repeat_last_n;
-    spp.seed = o->seed;
+    spp.seed = o->seed_given ? o->seed : random_seed();
     nm_sampler *sampler = NULL;
     cli_session cs = {0};
     run_result r = {0};
     nm_status st = nm_sampler_new(&spp, info.n_vocab, &sampler, &err);
     if (st == NM_OK) st = open_session(model, o, true, &cs, &err);
+    r.seed = spp.seed;
     if (st == NM_OK) st = generate(model, cs.session, sampler, ids, n, o, &r, &err);
     nm_session_metrics mt = {0};
     if (st == NM_OK) nm_session_get_metrics(cs.session, &mt);
@@ -233,8 +257,9 @@ static int cmd_run(nm_model *model, const cli_options *o) {
         if (o->json) {
             printf("{\"prompt_tokens\":%zu,\"generated_tokens\":%zu,\"ttft_ms\":%.3f,"
                    "\"prefill_tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
-                   "\"peak_rss_mib\":%.1f,\"stop\":\"%s\",\"text\":",
-                   n, r.n_generated, r.ttft_s * 1e3, prefill_tps, decode_tps, peak_mib, r.stop);
+                   "\"peak_rss_mib\":%.1f,\"stop\":\"%s\",\"seed\":%llu,\"text\":",
+                   n, r.n_generated, r.ttft_s * 1e3, prefill_tps, decode_tps, peak_mib, r.stop,
+                   (unsigned long long)spp.seed);
             json_string(stdout, (const unsigned char *)r.text, r.text_len);
             printf(",\"prompt_ids\":");
             json_ids(stdout, ids, n);
@@ -248,6 +273,8 @@ static int cmd_run(nm_model *model, const cli_options *o) {
             fflush(stdout);
             fprintf(stderr, "prompt tokens:   %zu\n", n);
             fprintf(stderr, "generated:       %zu tokens (stop: %s)\n", r.n_generated, r.stop);
+            /* so that the run can be repeated with --seed */
+            fprintf(stderr, "sampler seed:    %llu\n", (unsigned long long)r.seed);
             fprintf(stderr, "TTFT:            %.2f ms\n", r.ttft_s * 1e3);
             fprintf(stderr, "prefill:         %.2f tokens/s\n", prefill_tps);
             fprintf(stderr, "decode:          %.2f tokens/s\n", decode_tps);
@@ -295,8 +322,19 @@ static int npumoe_main(int argc, char **argv) {
     nm_model_params mp = nm_model_default_params();
     if (o.compat && nm_compat_parse(o.compat, &mp.compat, &err) != NM_OK) return fail_err(&err);
     mp.no_repack = o.no_repack;
+    /* tokenize needs only the vocabulary (and then reads vocabulary-only
+     * files, as llama-tokenize --vocab-only does); info describes such a
+     * file, and loads the weights of any other */
+    mp.vocab_only = cmd == CMD_TOKENIZE || cmd == CMD_INFO;
     const int64_t load_start = nm_time_ns();
     if (nm_model_load(o.model, &mp, &model, &err) != NM_OK) return fail_err(&err);
+    nm_model_info vocab_info;
+    nm_model_get_info(model, &vocab_info);
+    if (cmd == CMD_INFO && vocab_info.weight_bytes > 0) {
+        nm_model_free(model);
+        mp.vocab_only = false;
+        if (nm_model_load(o.model, &mp, &model, &err) != NM_OK) return fail_err(&err);
+    }
     const double load_s = 1e-9 * (double)(nm_time_ns() - load_start);
     nm_model_info load_info;
     nm_model_get_info(model, &load_info);

@@ -100,15 +100,18 @@ int cmd_calibrate(nm_model *model, const cli_options *o) {
          * batch the session runs is a full chunk */
         nm_session_set_load_fn(cs.session, nm_calib_record, calib);
         const double t0 = now_s();
+        cli_progress line;
+        progress_start(&line);
         for (size_t done = 0; done < usable && st == NM_OK;) {
             const size_t len = usable - done < (size_t)window ? usable - done : (size_t)window;
             nm_session_reset(cs.session);
             st = nm_session_eval(cs.session, ids + done, (int32_t)len, NULL, false, &err);
             done += len;
             const double el = now_s() - t0;
-            fprintf(stderr,
-                    "calibrate: %zu/%zu tokens, %" PRId64 " chunks (%.1f s, ~%.0f s left)\n", done,
-                    usable, calib->n_chunks, el, el / (double)done * (double)(usable - done));
+            progress_update(&line, done == usable || st != NM_OK,
+                            "calibrate: %zu/%zu tokens, %" PRId64 " chunks (%.1f s, ~%.0f s left)",
+                            done, usable, calib->n_chunks, el,
+                            el / (double)done * (double)(usable - done));
         }
     }
     if (st == NM_OK) st = nm_calib_save(calib, o->output, &err);
@@ -131,8 +134,7 @@ int cmd_calibrate(nm_model *model, const cli_options *o) {
 /* ---- profile ---- */
 
 static void profile_progress(void *ctx, int done, int total) {
-    (void)ctx;
-    fprintf(stderr, "profile: %d/%d measurements\n", done, total);
+    progress_update(ctx, done == total, "profile: %d/%d measurements", done, total);
 }
 
 int cmd_profile(nm_model *model, const cli_options *o) {
@@ -171,13 +173,15 @@ int cmd_profile(nm_model *model, const cli_options *o) {
         st = nm_device_new(o->device ? o->device : "cpu", o->device_threads ? o->device_threads : 1,
                            &dev, &err);
     if (st == NM_OK) st = nm_pool_new(o->threads ? o->threads : nm_cpu_count(), &pool, &err);
+    cli_progress line;
+    progress_start(&line);
     if (st == NM_OK) {
         fprintf(stderr, "profile: the host MoE step over a chunk of %d tokens\n", chunk);
         st = nm_model_time_host_step(model, pool, chunk, 4 * reps, &step_ms, loads, &err);
     }
     if (st == NM_OK)
         st = nm_device_profile(dev, &model->layers[0].experts, hp->n_embd, hp->n_ff_exp, experts,
-                               n_e, caps, n_c, reps, pool, profile_progress, NULL, &prof, &err);
+                               n_e, caps, n_c, reps, pool, profile_progress, &line, &prof, &err);
     if (st == NM_OK) nm_profile_set_overhead(&prof, chunk, step_ms, loads, hp->n_expert);
     nm_free(loads);
     if (st == NM_OK) st = nm_profile_save(&prof, o->output, &err);

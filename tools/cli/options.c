@@ -36,8 +36,12 @@ typedef struct option_def {
 #define F(field) offsetof(cli_options, field)
 
 static const option_def option_table[] = {
-    {"model", 'm', KIND_STR, F(model), 0, 0, ALL_MODEL | CMD_QUANTIZE, "FILE",
-     "GGUF model file (required); for quantize, the F32/F16/BF16 input"},
+    {"model", 'm', KIND_STR, F(model), 0, 0, ALL_MODEL & ~(CMD_TOKENIZE | CMD_INFO), "FILE",
+     "GGUF model file (required)"},
+    {"model", 'm', KIND_STR, F(model), 0, 0, CMD_TOKENIZE | CMD_INFO, "FILE",
+     "GGUF model file, or a vocabulary-only one (required)"},
+    {"model", 'm', KIND_STR, F(model), 0, 0, CMD_QUANTIZE, "FILE",
+     "the F32/F16/BF16 GGUF model to convert (required)"},
     {"prompt", 'p', KIND_STR, F(prompt), 0, 0, TEXT_IN & ~CMD_BENCH, "TEXT", "prompt text (UTF-8)"},
     {"n-prompt", 'p', KIND_I32, F(n_prompt), 1, 1 << 20, CMD_BENCH, "N",
      "throughput test: prompt processing of N random tokens (pp N), as llama-bench -p"},
@@ -60,20 +64,34 @@ static const option_def option_table[] = {
      "penalise recently seen tokens; 1 = off (default 1)"},
     {"repeat-last-n", 0, KIND_I32, F(repeat_last_n), 0, 1 << 20, CMD_RUN, "N",
      "window of the repeat penalty (default 64)"},
-    {"seed", 0, KIND_U64, F(seed), 0, 0, CMD_RUN, "S", "random seed (default 0)"},
+    {"seed", 0, KIND_U64, F(seed), 0, 0, CMD_RUN, "S",
+     "sampling seed (default: a random one, printed on stderr)"},
+    {"no-display-prompt", 0, KIND_FLAG, F(no_display_prompt), 0, 0, CMD_RUN, NULL,
+     "print only the generated text, not the prompt before it"},
     {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL | CMD_PROFILE | CMD_QUANTIZE, "N",
      "compute threads (default: online CPUs)"},
-    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL, "N",
-     "context size in tokens (default: trained context, at most 4096); for perplexity "
-     "and compare, the window length (default 512)"},
+    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL & ~SCORE & ~CMD_CALIBRATE, "N",
+     "context size in tokens (default: the trained context, at most 4096)"},
+    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, SCORE, "N",
+     "window length in tokens (default: the trained context, at most 512)"},
+    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, CMD_CALIBRATE, "N",
+     "window length in tokens, whole chunks (default: the trained context, at most 2048)"},
     {"kv-type", 0, KIND_STR, F(kv_type), 0, 0, EVAL, "f32|f16",
      "KV cache element type (default f32; f16 halves its memory)"},
     {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
      "tokens per prefill step (default 512)"},
-    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS | OFFLINE | CMD_BENCH | CMD_QUANTIZE,
-     "FILE",
-     "output: logits (float32 LE), calibration/profile/plan JSON, the bench report prefix, or "
-     "the quantised GGUF"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS, "FILE",
+     "where the logits go, float32 little-endian (required)"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_CALIBRATE, "FILE",
+     "where the calibration JSON goes (required)"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_PROFILE, "FILE",
+     "where the device profile JSON goes (required)"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_PLAN, "FILE",
+     "where the plan JSON goes (required)"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_BENCH, "PREFIX",
+     "also write the report to PREFIX.md, PREFIX.json and PREFIX.svg"},
+    {"output", 'o', KIND_STR, F(output), 0, 0, CMD_QUANTIZE, "FILE",
+     "where the converted GGUF goes (required)"},
     {"type", 0, KIND_STR, F(quant_type), 0, 0, CMD_QUANTIZE, "TYPE",
      "quantisation: q8_0, q4_0, q4_k, q5_k, q6_k, f16, bf16, f32 (every quantisable tensor), "
      "or the mixes q4_k_m, q5_k_m, q4_k_s, q5_k_s (llama.cpp's); docs/USAGE.md"},
@@ -84,8 +102,10 @@ static const option_def option_table[] = {
      "static-graph device (default cpu)"},
     {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE, "N",
      "worker threads of the cpu device (default 1)"},
-    {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC | CMD_CALIBRATE | CMD_PROFILE, "T",
+    {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC, "T",
      "prefill chunk: tokens per static step (default: the plan's, else 256)"},
+    {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, CMD_CALIBRATE | CMD_PROFILE, "T",
+     "prefill chunk: tokens per static step (default 256)"},
     {"calib", 0, KIND_STR, F(calib), 0, 0, CMD_PLAN, "FILE",
      "calibration made by npumoe calibrate"},
     {"profile", 0, KIND_STR, F(profile), 0, 0, CMD_PLAN, "FILE",
@@ -93,7 +113,7 @@ static const option_def option_table[] = {
     {"tiers", 0, KIND_STR, F(tiers), 0, 0, CMD_PLAN, "LIST",
      "candidate capacities, ascending, comma separated (default: from the chunk)"},
     {"quantile", 0, KIND_F32, F(quantile), 1e-6, 1, CMD_PLAN, "Q",
-     "each expert's tier covers this quantile of its per-chunk load"},
+     "each expert's tier covers this quantile of its per-chunk load (default 0.95)"},
     {"overflow", 0, KIND_STR, F(overflow), 0, 0, CMD_PLAN, "drop|spill",
      "what happens past an expert's capacity (default spill: exact)"},
     {"salience", 0, KIND_STR, F(salience), 0, 0, CMD_PLAN, "POLICY",
@@ -122,10 +142,10 @@ static const option_def option_table[] = {
      "print one JSON object on stdout instead of text and statistics"},
     {"no-special", 0, KIND_FLAG, F(no_special), 0, 0, TEXT_IN, NULL,
      "treat special-token text such as <|im_start|> as plain text"},
-    {"compat", 0, KIND_STR, F(compat), 0, 0, ALL_MODEL, "none|llama.cpp",
+    {"compat", 0, KIND_STR, F(compat), 0, 0, ALL_MODEL & ~CMD_TOKENIZE, "none|llama.cpp",
      "semantics: none = the model as trained (default); llama.cpp = llama.cpp's graph and "
      "numerics (phimoe: RMSNorm+bias and softmax top-k routing; F16 activations)"},
-    {"no-repack", 0, KIND_FLAG, F(no_repack), 0, 0, ALL_MODEL, NULL,
+    {"no-repack", 0, KIND_FLAG, F(no_repack), 0, 0, ALL_MODEL & ~CMD_TOKENIZE, NULL,
      "compute from the file's weights as they are, without copying Q4_0/K-quant ones into the "
      "avx512vnni kernels' faster layout at load (less memory traffic at start, slower decoding)"},
     {"candidate-compat", 0, KIND_STR, F(cand_compat), 0, 0, CMD_COMPARE, "none|llama.cpp",
@@ -289,22 +309,64 @@ bool cli_parse(int cmd, int argc, char **argv, int first, cli_options *o, char *
             return false;
         }
         if (!parse_value(d, argv[++i], o, msg, msg_cap)) return false;
+        if (d->offset == F(seed)) o->seed_given = true;
     }
     return true;
+}
+
+/* Writes text from column `at` on, wrapped at spaces so that no line passes
+ * 80 columns; continuation lines start at column indent. */
+static void print_wrapped(FILE *f, const char *text, int at, int indent) {
+    enum { WIDTH = 80 };
+    int col = at;
+    bool line_start = true;
+    for (const char *p = text; *p;) {
+        if (*p == ' ') {
+            p++;
+            continue;
+        }
+        if (*p == '\n') { /* a line break of the text itself */
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+            line_start = true;
+            p++;
+            continue;
+        }
+        const int word = (int)strcspn(p, " \n");
+        if (!line_start && col + 1 + word > WIDTH) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+            line_start = true;
+        }
+        if (!line_start) {
+            fputc(' ', f);
+            col++;
+        }
+        fprintf(f, "%.*s", word, p);
+        col += word;
+        p += word;
+        line_start = false;
+    }
+    fputc('\n', f);
 }
 
 void cli_print_help(FILE *f, int cmd) {
     if (cmd == 0) {
         fprintf(f, "npumoe %s: Mixture-of-Experts inference on GGUF models\n\n", "0.1.0");
         fprintf(f, "usage: npumoe COMMAND [options]   (npumoe COMMAND --help for its options)\n\n");
-        for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++)
-            fprintf(f, "  %-10s %s\n", command_table[i].name, command_table[i].summary);
+        for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++) {
+            fprintf(f, "  %-10s ", command_table[i].name);
+            print_wrapped(f, command_table[i].summary, 13, 13);
+        }
         return;
     }
     for (size_t i = 0; i < sizeof command_table / sizeof command_table[0]; i++)
-        if (command_table[i].bit == cmd)
-            fprintf(f, "usage: npumoe %s\n%s\n\noptions:\n", command_table[i].usage,
-                    command_table[i].summary);
+        if (command_table[i].bit == cmd) {
+            fprintf(f, "usage: npumoe ");
+            print_wrapped(f, command_table[i].usage, 14, 7);
+            print_wrapped(f, command_table[i].summary, 0, 0);
+            fprintf(f, "\noptions:\n");
+        }
     for (size_t i = 0; i < sizeof option_table / sizeof option_table[0]; i++) {
         const option_def *d = &option_table[i];
         if (!(d->commands & cmd)) continue;
@@ -314,6 +376,12 @@ void cli_print_help(FILE *f, int cmd) {
                      d->arg ? d->arg : "");
         else
             snprintf(names, sizeof names, "    --%s %s", d->name, d->arg ? d->arg : "");
-        fprintf(f, "  %-30s %s\n", names, d->help);
+        /* a long name takes its own line; the text starts at column 33 */
+        const int len = fprintf(f, "  %s", names);
+        if (len > 31)
+            fprintf(f, "\n%*s", 32, "");
+        else
+            fprintf(f, "%*s", 32 - len, "");
+        print_wrapped(f, d->help, 32, 32);
     }
 }

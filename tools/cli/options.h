@@ -72,6 +72,8 @@ typedef struct cli_options {
     bool all;
     bool no_special;
     bool no_repack;
+    bool no_display_prompt; /* run: do not echo the prompt */
+    bool seed_given;        /* --seed was given (else run draws one and prints it) */
     bool help;
 } cli_options;
 

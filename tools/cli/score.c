@@ -8,10 +8,11 @@
 typedef struct progress_state {
     double t0;
     bool compare;
+    cli_progress line;
 } progress_state;
 
 static void print_progress(void *p, int32_t done, int32_t total, const nm_accuracy *acc) {
-    const progress_state *ps = p;
+    progress_state *ps = p;
     if (done == 0) {
         fprintf(stderr,
                 "scoring %d windows of %d tokens; the second half of each window is scored, "
@@ -20,12 +21,14 @@ static void print_progress(void *p, int32_t done, int32_t total, const nm_accura
         return;
     }
     const double elapsed = now_s() - ps->t0;
-    fprintf(stderr, "[%d/%d] ppl %.4f", done, total, nm_nll_stats_ppl(&acc->ref));
+    char cand[160] = "";
     if (ps->compare)
-        fprintf(stderr, ", candidate %.4f, mean KL %.6f, top-1 %.2f%%",
-                nm_nll_stats_ppl(&acc->cand), acc->kl_sum / (double)acc->cand.count,
-                100.0 * (double)acc->top1_same / (double)acc->cand.count);
-    fprintf(stderr, " (%.1f s, ~%.0f s left)\n", elapsed, elapsed / done * (total - done));
+        snprintf(cand, sizeof cand, ", candidate %.4f, mean KL %.6f, top-1 %.2f%%",
+                 nm_nll_stats_ppl(&acc->cand), acc->kl_sum / (double)acc->cand.count,
+                 100.0 * (double)acc->top1_same / (double)acc->cand.count);
+    progress_update(&ps->line, done == total, "[%d/%d] ppl %.4f%s (%.1f s, ~%.0f s left)", done,
+                    total, nm_nll_stats_ppl(&acc->ref), cand, elapsed,
+                    elapsed / done * (total - done));
 }
 
 int cmd_score(nm_model *model, const cli_options *o, bool compare) {
@@ -35,7 +38,11 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
     if (!ids) return fail_err(&err);
     nm_model_info info;
     nm_model_get_info(model, &info);
-    const int32_t n_ctx = o->ctx ? o->ctx : 512;
+    /* windows of the trained context when it is shorter than 512: a model
+     * scored past it is scored on positions it never learned */
+    const int32_t n_ctx = o->ctx                                           ? o->ctx
+                          : info.n_ctx_train > 0 && info.n_ctx_train < 512 ? info.n_ctx_train
+                                                                           : 512;
     cli_options ro = *o;
     ro.ctx = n_ctx;
     nm_model *cand_model = NULL;
@@ -60,6 +67,7 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
     }
     nm_accuracy acc;
     progress_state ps = {.t0 = now_s(), .compare = compare};
+    progress_start(&ps.line);
     if (st == NM_OK) {
         st = nm_score_text(ref_cs.session, cand_cs.session, ids, n, n_ctx,
                            info.add_bos ? info.bos_id : -1, print_progress, &ps, &acc, &err);
