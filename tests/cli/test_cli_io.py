@@ -479,6 +479,9 @@ def test_bench_report(b, a, tmp, text):
     check(r.returncode == 0, "bench writes its reports", r.stderr.decode()[-300:])
     if r.returncode != 0:
         return
+    lines = [l for l in r.stderr.decode().splitlines() if l.startswith("bench: prompt")]
+    check(1 <= len(lines) <= 2 and "prompt 128" in lines[-1] and "rep 3/3" in lines[-1],
+          "bench into a pipe: the final progress line, not one per repetition", str(lines))
     svg = open(prefix + ".svg").read()
     js = json.load(open(prefix + ".json"))
     md = open(prefix + ".md").read()

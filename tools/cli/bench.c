@@ -264,7 +264,8 @@ static void svg_writer(FILE *f, const bench *b, const char *device) { write_svg(
 
 /* Every mode prefills the first L tokens once per repetition. */
 static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int li,
-                            const int32_t *ids, int32_t n_vocab, nm_error *err) {
+                            const int32_t *ids, int32_t n_vocab, nm_error *err,
+                            cli_progress *line) {
     const int32_t len = b->lengths[li];
     cli_session cs[NM_MODE_COUNT];
     memset(cs, 0, sizeof cs);
@@ -295,8 +296,9 @@ static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int
             c->total = c->metrics.total;
             c->graphs_compiled = c->metrics.device.graphs_compiled;
             c->device_busy_ms = (double)c->metrics.device.busy_ns * 1e-6;
-            fprintf(stderr, "bench: prompt %d, %s, rep %d/%d: TTFT %.1f ms\n", len,
-                    nm_mode_name(b->modes[mi]), r + 1, b->reps, c->ttft_ms[r]);
+            const bool last = li + 1 == b->n_lengths && r + 1 == b->reps && step + 1 == b->n_modes;
+            progress_update(line, last, "bench: prompt %d, %s, rep %d/%d: TTFT %.1f ms", len,
+                            nm_mode_name(b->modes[mi]), r + 1, b->reps, c->ttft_ms[r]);
         }
     for (int mi = 0; mi < b->n_modes; mi++)
         close_session(&cs[mi]);
@@ -370,8 +372,10 @@ int cmd_bench(nm_model *model, const cli_options *o) {
         ids[i] = text[(size_t)i % n];
     nm_model_info info;
     nm_model_get_info(model, &info);
+    cli_progress line;
+    progress_start(&line);
     for (int li = 0; li < b.n_lengths && st == NM_OK; li++)
-        st = run_length(model, o, &b, li, ids, info.n_vocab, &err);
+        st = run_length(model, o, &b, li, ids, info.n_vocab, &err, &line);
     int rc = 0;
     const char *device = o->device ? o->device : "cpu";
     if (st != NM_OK) {
