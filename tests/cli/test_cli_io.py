@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import test_cli  # its check() counts passes and failures
 from test_cli import check
@@ -390,18 +391,30 @@ def test_plan_quantile_default(b, tmp):
         check(json.load(f).get("quantile") == 0.95, "a plan made without --quantile uses 0.95")
 
 
+def timed(b, args):
+    """run(), and the wall time it took."""
+    t0 = time.monotonic()
+    r = run(b, args)
+    return r, time.monotonic() - t0
+
+
+def at_most_every_5s(lines, seconds):
+    """Progress into a pipe: the final line, and one per 5 s before it."""
+    return 1 <= len(lines) <= 1 + int(seconds / 5)
+
+
 def test_progress(b, a, text):
     """Item 10: progress is one line rewritten in place on a terminal, and a
     line every few seconds at most elsewhere."""
     m = a.model
     cal = ["calibrate", "-m", m, "-f", text, "--chunk", "32", "-c", "128", "-o", "/dev/null"]
-    r = run(b, cal)
+    r, secs = timed(b, cal)
     lines = [l for l in r.stderr.decode().splitlines() if l.startswith("calibrate:")]
-    check(r.returncode == 0 and 1 <= len(lines) <= 2 and "1568/1568" in lines[-1],
+    check(r.returncode == 0 and at_most_every_5s(lines, secs) and "1568/1568" in lines[-1],
           "calibrate into a pipe: the final progress line, no line per window", str(lines))
-    r = run(b, ["perplexity", "-m", m, "-f", text, "-c", "128"])
+    r, secs = timed(b, ["perplexity", "-m", m, "-f", text, "-c", "128"])
     lines = [l for l in r.stderr.decode().splitlines() if l.startswith("[")]
-    check(r.returncode == 0 and 1 <= len(lines) <= 2 and lines[-1].startswith("[12/12]"),
+    check(r.returncode == 0 and at_most_every_5s(lines, secs) and lines[-1].startswith("[12/12]"),
           "perplexity into a pipe: the final progress line", str(lines))
     import pty
     master, slave = pty.openpty()
@@ -462,6 +475,9 @@ def test_oom_f16(b, a):
         r = subprocess.run([b, "run", "-m", a.model, "-p", "x", "-n", "1", "-c", "1000000",
                             "--kv-type", kv, "--seed", "1"], capture_output=True, timeout=120,
                            preexec_fn=small_address_space)
+        if b"AddressSanitizer" in r.stderr:  # its shadow memory needs more than the limit
+            print("test_oom_f16: skipped under AddressSanitizer")
+            return
         mm = re.search(rb"KV cache ([0-9.]+) MiB in (f16|f32)", r.stderr)
         mib[kv] = (float(mm.group(1)), mm.group(2).decode()) if mm and r.returncode == 1 else None
     check(mib["f32"] and mib["f16"] and mib["f16"][1] == "f16"
@@ -474,13 +490,13 @@ def test_bench_report(b, a, tmp, text):
     bar per cell, the model and device in its title; the report warns about
     every cell whose repetitions spread too widely to trust a ratio."""
     prefix = os.path.join(tmp, "bench")
-    r = run(b, ["bench", "-m", a.model, "-f", text, "--lengths", "64,128", "--modes",
-                "dense,naive", "-r", "3", "-o", prefix])
+    r, secs = timed(b, ["bench", "-m", a.model, "-f", text, "--lengths", "64,128", "--modes",
+                        "dense,naive", "-r", "3", "-o", prefix])
     check(r.returncode == 0, "bench writes its reports", r.stderr.decode()[-300:])
     if r.returncode != 0:
         return
     lines = [l for l in r.stderr.decode().splitlines() if l.startswith("bench: prompt")]
-    check(1 <= len(lines) <= 2 and "prompt 128" in lines[-1] and "rep 3/3" in lines[-1],
+    check(at_most_every_5s(lines, secs) and "prompt 128" in lines[-1] and "rep 3/3" in lines[-1],
           "bench into a pipe: the final progress line, not one per repetition", str(lines))
     svg = open(prefix + ".svg").read()
     js = json.load(open(prefix + ".json"))
