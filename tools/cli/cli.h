@@ -54,5 +54,7 @@ int cmd_bench(nm_model *model, const cli_options *o);
 int cmd_bench_throughput(nm_model *model, const cli_options *o);
 /* quantize.c: needs no loaded model (any GGUF file with F32/F16/BF16 tensors). */
 int cmd_quantize(const cli_options *o);
+/* devices.c */
+int cmd_devices(const cli_options *o);
 
 #endif /* NM_CLI_H */
