@@ -152,6 +152,7 @@ typedef struct vk_uploader {
     vk_buffer *dst;
     VkCommandBuffer cb;
     VkFence fence;
+    VkDeviceSize cap;  /* bytes of staging */
     VkDeviceSize used; /* bytes of staging filled */
     VkDeviceSize uploaded;
     int n_regions;

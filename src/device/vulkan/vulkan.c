@@ -329,7 +329,9 @@ VkResult nm_vk_command_buffer(vk_device *d, VkCommandBuffer *cb, VkFence *fence)
 nm_status nm_vk_uploader_begin(vk_device *d, vk_buffer *dst, vk_uploader *u, nm_error *err) {
     memset(u, 0, sizeof *u);
     u->dst = dst;
-    nm_status st = nm_vk_buffer_new(d, STAGING_BYTES, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, true,
+    /* no bigger than the destination: a small budget is not spent on it */
+    u->cap = dst->bytes < STAGING_BYTES ? dst->bytes : STAGING_BYTES;
+    nm_status st = nm_vk_buffer_new(d, u->cap, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, true,
                                     "the upload's staging buffer", &u->staging, err);
     if (st) return st;
     const VkResult r = nm_vk_command_buffer(d, &u->cb, &u->fence);
@@ -374,11 +376,11 @@ nm_status nm_vk_upload(vk_device *d, vk_uploader *u, VkDeviceSize dst_offset, co
                        VkDeviceSize bytes, nm_error *err) {
     const uint8_t *p = src;
     while (bytes > 0) {
-        if (u->used == STAGING_BYTES || u->n_regions == VK_UPLOAD_REGIONS) {
+        if (u->used == u->cap || u->n_regions == VK_UPLOAD_REGIONS) {
             const VkResult r = upload_flush(d, u);
             if (r != VK_SUCCESS) return nm_vk_fail(d, r, "uploading weights", err);
         }
-        const VkDeviceSize space = STAGING_BYTES - u->used;
+        const VkDeviceSize space = u->cap - u->used;
         const VkDeviceSize n = bytes < space ? bytes : space;
         memcpy((uint8_t *)u->staging.map + u->used, p, (size_t)n);
         u->regions[u->n_regions++] =
