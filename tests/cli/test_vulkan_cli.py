@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The vulkan device as a user meets it through the command: `npumoe devices`,
 the errors of --device, and the NPUMoE loop (profile, plan, logits in every
-static mode, bench) with --device vulkan, whose logits must equal dense's
+static mode, compare, bench) with --device vulkan, whose logits must equal dense's
 within 1e-3 of the largest logit (the device sums in FP32 in another order).
 Without a usable Vulkan driver it checks that --device vulkan says why, and
 exits 77 (skipped) unless NM_REQUIRE_VULKAN is set."""
@@ -102,6 +102,15 @@ def main():
         check(len(got) == len(want) and diff <= 1e-3 * top,
               f"logits in mode {mode} on --device vulkan equal dense's within 1e-3",
               f"max diff {diff:g} of {top:g}; {r.stderr.decode()[-300:]}")
+    # compare: dense reference, the candidate in grouped mode on the device
+    excerpt = os.path.join(tmp, "excerpt.txt")
+    with open(excerpt, "w", encoding="utf-8") as f:
+        f.write(paragraph * 3)
+    r = run(bin_, ["compare", "-m", model, "-f", excerpt, "--ctx", "64", "--plan", plan, "--mode",
+                   "grouped", "--device", "vulkan"])
+    out = r.stdout.decode()
+    check(r.returncode == 0 and "top-1 agreement:      100.0000%" in out,
+          "compare: grouped on --device vulkan agrees with dense", out + r.stderr.decode()[-300:])
     prefix = os.path.join(tmp, "bench")
     r = run(bin_, ["bench", "-m", model, "--plan", plan, "--device", "vulkan", "-f", a.text,
                    "--modes", "dense,grouped", "--lengths", "64", "-r", "1", "-o", prefix])

@@ -296,8 +296,7 @@ int main(int argc, char **argv) {
     nm_error err = {0};
     nm_model_params mp = nm_model_default_params();
     if (o.compat && nm_compat_parse(o.compat, &mp.compat, &err) != NM_OK) return fail_err(&err);
-    /* a device other than the host's reads the weights in the file's layout */
-    mp.no_repack = o.no_repack || (o.device && strcmp(o.device, "cpu") != 0);
+    mp.no_repack = cli_no_repack(&o);
     const int64_t load_start = nm_time_ns();
     if (nm_model_load(o.model, &mp, &model, &err) != NM_OK) return fail_err(&err);
     const double load_s = 1e-9 * (double)(nm_time_ns() - load_start);
