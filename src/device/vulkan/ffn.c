@@ -166,11 +166,13 @@ static nm_status build_weights(nm_graph *g, const nm_ffn_spec *spec, const vk_ph
     const VkDeviceSize up_rel = round_up(mat_ff, 16);
     const VkDeviceSize gate_up = round_up(up_rel + mat_ff, 4);
     const VkDeviceSize down = round_up(mat_dm, 4);
-    if (gate_up > d->limits.maxStorageBufferRange || gate_up > UINT32_MAX)
+    if (gate_up > d->limits.maxStorageBufferRange || gate_up > UINT32_MAX ||
+        down > d->limits.maxStorageBufferRange)
         return nm_errorf(err, NM_ERR_CAPACITY,
                          "%s: ffn graph of layer %d: one expert's gate and up weights (%llu bytes) "
-                         "exceed the device's largest storage buffer (%u bytes)",
-                         d->label, g->layer, (unsigned long long)gate_up,
+                         "or down weights (%llu bytes) exceed the device's largest storage "
+                         "buffer (%u bytes)",
+                         d->label, g->layer, (unsigned long long)gate_up, (unsigned long long)down,
                          d->limits.maxStorageBufferRange);
     VkDeviceSize at = 0;
     for (int32_t i = 0; i < g->n_slots; i++) {
