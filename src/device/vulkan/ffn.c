@@ -314,7 +314,8 @@ static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, n
                                               1, &g->sets[2 * i + phase], 0, NULL);
                 d->fn.vkCmdPushConstants(cb, d->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                          sizeof pc, pc);
-                d->fn.vkCmdDispatch(cb, (uint32_t)((n_out + 63) / 64), (uint32_t)s->rows, 1);
+                d->fn.vkCmdDispatch(cb, (uint32_t)((n_out + 63) / 64), (uint32_t)((s->rows + 3) / 4),
+                                  1);
             }
             if (phase == 0)
                 barrier(d, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);

@@ -1,5 +1,6 @@
 #version 450
 // Phase 2 of the grouped expert FFN for one slot: y[r][j] = down_j . h_r.
+// Invocation (j, t) computes column j of rows 4t..4t+3 (those that exist).
 
 layout(local_size_x_id = 1) in;
 
@@ -17,13 +18,16 @@ layout(push_constant) uniform Slot {
     uint rows;      // capacity
 } pc;
 
-uint act_base;
-#define ACT(i) h[act_base + (i)]
+uvec4 act; // the first element of each of the four activation rows
+#define ACT4(i) vec4(h[act.x + (i)], h[act.y + (i)], h[act.z + (i)], h[act.w + (i)])
 #include "weights.glsl"
 
 void main() {
-    const uint j = gl_GlobalInvocationID.x, r = gl_GlobalInvocationID.y;
-    if (j >= pc.n || r >= pc.rows) return;
-    act_base = pc.h0 + r * pc.k;
-    y[pc.y0 + r * pc.n + j] = dot_row(pc.down + j * pc.row_bytes, pc.k);
+    const uint j = gl_GlobalInvocationID.x, r0 = 4u * gl_GlobalInvocationID.y;
+    if (j >= pc.n || r0 >= pc.rows) return;
+    const uvec4 r = min(uvec4(r0, r0 + 1u, r0 + 2u, r0 + 3u), uvec4(pc.rows - 1u));
+    act = pc.h0 + r * pc.k;
+    const vec4 v = dot_row4(pc.down + j * pc.row_bytes, pc.k);
+    for (uint i = 0; i < 4u && r0 + i < pc.rows; i++)
+        y[pc.y0 + (r0 + i) * pc.n + j] = v[i];
 }

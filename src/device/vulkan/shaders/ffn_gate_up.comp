@@ -1,8 +1,8 @@
 #version 450
 // Phase 1 of the grouped expert FFN for one slot: for each of its rows r and
 // each d_ff column j, h[r][j] = silu(gate_j . x_r) * (up_j . x_r).
-// Invocation (j, r); the whole graph is one command buffer of these and
-// ffn_down.comp.
+// Invocation (j, t) computes column j of rows 4t..4t+3 (those that exist);
+// the whole graph is one command buffer of these and ffn_down.comp.
 
 layout(local_size_x_id = 1) in;
 
@@ -20,15 +20,19 @@ layout(push_constant) uniform Slot {
     uint rows;      // capacity
 } pc;
 
-uint act_base;
-#define ACT(i) x[act_base + (i)]
+uvec4 act; // the first element of each of the four activation rows
+#define ACT4(i) vec4(x[act.x + (i)], x[act.y + (i)], x[act.z + (i)], x[act.w + (i)])
 #include "weights.glsl"
 
 void main() {
-    const uint j = gl_GlobalInvocationID.x, r = gl_GlobalInvocationID.y;
-    if (j >= pc.n || r >= pc.rows) return;
-    act_base = pc.x0 + r * pc.k;
-    const float g = dot_row(pc.gate + j * pc.row_bytes, pc.k);
-    const float u = dot_row(pc.up + j * pc.row_bytes, pc.k);
-    h[pc.h0 + r * pc.n + j] = g / (1.0 + exp(-g)) * u;
+    const uint j = gl_GlobalInvocationID.x, r0 = 4u * gl_GlobalInvocationID.y;
+    if (j >= pc.n || r0 >= pc.rows) return;
+    // rows past the slot's last repeat it; their sums are not stored
+    const uvec4 r = min(uvec4(r0, r0 + 1u, r0 + 2u, r0 + 3u), uvec4(pc.rows - 1u));
+    act = pc.x0 + r * pc.k;
+    const vec4 g = dot_row4(pc.gate + j * pc.row_bytes, pc.k);
+    const vec4 u = dot_row4(pc.up + j * pc.row_bytes, pc.k);
+    const vec4 y = g / (1.0 + exp(-g)) * u;
+    for (uint i = 0; i < 4u && r0 + i < pc.rows; i++)
+        h[pc.h0 + (r0 + i) * pc.n + j] = y[i];
 }

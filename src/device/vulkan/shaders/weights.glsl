@@ -19,29 +19,31 @@ uint byte_at(uint b) { return (w[b >> 2] >> ((b & 3u) * 8u)) & 0xffu; }
 uint half_at(uint b) { return (w[b >> 2] >> ((b & 2u) * 8u)) & 0xffffu; }
 float f16_at(uint b) { return unpackHalf2x16(half_at(b)).x; }
 
-// sum_i W[row][i] * act(a0 + i) for i < k; `base` is the row's first byte.
-// The activations come from the function ACT, defined by the includer.
-float dot_row(uint base, uint k) {
-    float sum = 0.0;
+// For each of four activation rows, sum_i W[row][i] * act[i] for i < k;
+// `base` is the weight row's first byte. ACT4(i), defined by the includer,
+// gives element i of the four activation rows: each weight is decoded once
+// for the four.
+vec4 dot_row4(uint base, uint k) {
+    vec4 sum = vec4(0.0);
     if (TYPE == T_F32) {
         const uint w0 = base >> 2;
         for (uint i = 0; i < k; i++)
-            sum += uintBitsToFloat(w[w0 + i]) * ACT(i);
+            sum += uintBitsToFloat(w[w0 + i]) * ACT4(i);
     } else if (TYPE == T_F16) {
         for (uint i = 0; i < k; i++)
-            sum += f16_at(base + 2u * i) * ACT(i);
+            sum += f16_at(base + 2u * i) * ACT4(i);
     } else if (TYPE == T_BF16) {
         for (uint i = 0; i < k; i++)
-            sum += uintBitsToFloat(half_at(base + 2u * i) << 16) * ACT(i);
+            sum += uintBitsToFloat(half_at(base + 2u * i) << 16) * ACT4(i);
     } else if (TYPE == T_Q8_0) {
         // blocks of 32: f16 d, 32 int8 codes (34 bytes, so 2-byte aligned)
         for (uint b = 0; b < k / 32u; b++) {
             const uint at = base + 34u * b;
             const float d = f16_at(at);
-            float s = 0.0;
+            vec4 s = vec4(0.0);
             for (uint l = 0; l < 32u; l++) {
                 const int q = bitfieldExtract(int(byte_at(at + 2u + l)), 0, 8);
-                s += float(q) * ACT(32u * b + l);
+                s += float(q) * ACT4(32u * b + l);
             }
             sum += d * s;
         }
@@ -70,13 +72,13 @@ float dot_row(uint base, uint k) {
                     mn[h] = dm.y * float(m);
                 }
                 const uint e0 = 256u * b + 64u * p;
-                float s_lo = 0.0, s_hi = 0.0, a_lo = 0.0, a_hi = 0.0;
+                vec4 s_lo = vec4(0.0), s_hi = vec4(0.0), a_lo = vec4(0.0), a_hi = vec4(0.0);
                 for (uint l4 = 0; l4 < 8u; l4++) {
                     const uint q4 = w[w0 + 4u + 8u * p + l4];
                     for (uint c = 0; c < 4u; c++) {
                         const uint q = (q4 >> (8u * c)) & 0xffu;
                         const uint l = 4u * l4 + c;
-                        const float x_lo = ACT(e0 + l), x_hi = ACT(e0 + 32u + l);
+                        const vec4 x_lo = ACT4(e0 + l), x_hi = ACT4(e0 + 32u + l);
                         s_lo += float(q & 15u) * x_lo;
                         s_hi += float(q >> 4u) * x_hi;
                         a_lo += x_lo;
