@@ -11,9 +11,12 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # Debian packages the build and the tests use: the compilers, CMake, numpy for
 # the independent reference (tests/ref), the Unicode database for the
 # tokenizer's table check, clang's runtime for libFuzzer, and PyTorch with the
-# KJV text for the training tool's test (tests/train).
+# KJV text for the training tool's test (tests/train); the Vulkan headers,
+# glslc and Mesa's lavapipe (a CPU Vulkan driver) for the vulkan device's
+# test (tests/test_vulkan.c, which must run: NM_REQUIRE_VULKAN).
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
-          python3-torch python3-regex bible-kjv bible-kjv-text)
+          python3-torch python3-regex bible-kjv bible-kjv-text
+          libvulkan-dev glslc mesa-vulkan-drivers)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -26,8 +29,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
 
+export NM_REQUIRE_VULKAN=1
+
 echo "== release build (-Werror)"
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKAN=ON
 cmake --build build/release -j "$jobs"
 ctest --test-dir build/release --output-on-failure -j "$jobs"
 

@@ -40,6 +40,7 @@ typedef struct nm_device_stats {
     int64_t busy_ns;        /* time spent executing graphs       */
     uint64_t rows_computed; /* capacity rows run, padding included */
     uint64_t device_bytes;  /* weight and buffer bytes the graphs hold */
+    uint64_t upload_bytes;  /* bytes copied into device memory (weights at compile) */
 } nm_device_stats;
 
 typedef struct nm_device nm_device;
@@ -63,6 +64,12 @@ typedef struct nm_device_ops {
     void (*graph_free)(nm_graph *g);
     void (*stats)(const nm_device *dev, nm_device_stats *out);
     void (*free)(nm_device *dev);
+    /* Optional (NULL: the device cannot fail once a graph is compiled).
+     * NM_OK while the device works; once it has failed (a lost GPU), the
+     * failure, with its message, from then on. submit and wait cannot
+     * return one: after a failure they return at once and outputs hold
+     * zeros, so the host checks this after waiting (nm_device_check). */
+    nm_status (*check)(nm_device *dev, nm_error *err);
 } nm_device_ops;
 
 struct nm_device {
@@ -76,6 +83,10 @@ struct nm_device {
  * i: row0 must have n_experts entries. */
 int64_t nm_ffn_spec_rows(const nm_ffn_spec *spec);
 void nm_ffn_spec_row0(const nm_ffn_spec *spec, int64_t *row0);
+/* What every device refuses in a spec's layer and slots: a negative layer,
+ * no expert, an expert out of range or twice, a capacity below 1;
+ * NM_ERR_INVALID_ARG naming the slot. Reads only weights->n_expert. */
+nm_status nm_ffn_spec_check_slots(const nm_ffn_spec *spec, nm_error *err);
 
 /* ---- devices ---- */
 
@@ -85,9 +96,44 @@ typedef struct nm_cpu_device_params {
 
 nm_status nm_cpu_device_new(const nm_cpu_device_params *params, nm_device **out, nm_error *err);
 
-/* Creates a device by name ("cpu"); n_threads as for the cpu device. */
+typedef struct nm_vulkan_device_params {
+    int index; /* physical device, in the loader's order (npumoe devices) */
+    /* Most device memory the device's graphs may hold (weights and
+     * buffers); 0 = all of its largest device-local heap. A graph that
+     * does not fit is refused with NM_ERR_CAPACITY. */
+    uint64_t budget_bytes;
+} nm_vulkan_device_params;
+
+/* The vulkan device (vulkan/): graphs are compute pipelines, recorded once
+ * per graph; weights are uploaded at compile. Fails with a message (never
+ * another device instead) when this build has no Vulkan, the loader or a
+ * driver is missing, or the index does not exist. */
+nm_status nm_vulkan_device_new(const nm_vulkan_device_params *params, nm_device **out,
+                               nm_error *err);
+
+/* Creates a device by name: "cpu" (n_threads as for the cpu device),
+ * "vulkan" (the first Vulkan device) or "vulkan:N". */
 nm_status nm_device_new(const char *name, int n_threads, nm_device **out, nm_error *err);
 void nm_device_free(nm_device *dev);
+/* dev->ops->check, or NM_OK for a device without one. */
+nm_status nm_device_check(nm_device *dev, nm_error *err);
+
+/* One device this machine can open, for `npumoe devices`. */
+typedef struct nm_device_info {
+    char name[32];         /* what --device takes: "cpu", "vulkan:0"      */
+    char description[256]; /* the hardware ("llvmpipe (LLVM 15.0.6, 256 bits)") */
+    char driver[256];      /* driver name and version; "" for cpu          */
+    uint64_t memory_bytes; /* largest device-local heap; host memory for cpu */
+    bool float16;          /* shaders can compute in float16               */
+    bool int8;             /* shaders can compute in int8                  */
+} nm_device_info;
+
+/* Lists every device that can be opened: cpu first, then each Vulkan
+ * device. *out (nm_free it) has *n entries. Vulkan that cannot be used (not
+ * in this build, no loader, no driver) is not an error: its reason is
+ * written to why_no_vulkan (which may be NULL), "" when it is usable. */
+nm_status nm_device_list(nm_device_info **out, int *n, char *why_no_vulkan, size_t why_bytes,
+                         nm_error *err);
 
 /* ---- measurement (profile.c) ---- */
 

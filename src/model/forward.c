@@ -342,6 +342,10 @@ nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t 
         attention_block(m, st, il, n_rows, n_past);
         moe_block(m, st, ex, il, n);
     }
+    /* a device that failed (lost) under the chunk's graphs: the chunk's
+     * results are void, and the device's message says why */
+    nm_status dst = nm_moe_exec_check(ex, err);
+    if (dst) return dst;
     if (!logits) return NM_OK;
     const int32_t first = all_logits ? 0 : n - 1;
     for (int32_t t = first; t < n; t++)

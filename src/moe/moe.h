@@ -140,6 +140,9 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
 
 /* Per-layer metrics since creation or the last reset. */
 const nm_moe_layer_metrics *nm_moe_exec_metrics(const nm_moe_exec *ex);
+/* NM_OK, or the failure of the executor's device (nm_device_check): the
+ * layers run since it failed computed nothing on it. */
+nm_status nm_moe_exec_check(const nm_moe_exec *ex, nm_error *err);
 void nm_moe_exec_reset_metrics(nm_moe_exec *ex);
 void nm_moe_exec_set_load_fn(nm_moe_exec *ex, nm_load_fn fn, void *ctx);
 

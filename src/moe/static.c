@@ -485,3 +485,7 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
     nm_moe_combine(s, n, weights, ex->keep, out);
     mt->moe_ns += nm_time_ns() - t_start;
 }
+
+nm_status nm_moe_exec_check(const nm_moe_exec *ex, nm_error *err) {
+    return ex->device ? nm_device_check(ex->device, err) : NM_OK;
+}

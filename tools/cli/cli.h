@@ -65,6 +65,10 @@ nm_status parse_kv_type(const cli_options *o, nm_kv_type *out, nm_error *err);
 int parse_int_list(const char *text, const char *what, int32_t lo, int32_t hi, int32_t *out,
                    int cap, nm_error *err);
 
+/* Whether models are loaded without the host's repacking: --no-repack, or
+ * a --device other than cpu (which reads the file's layout). */
+bool cli_no_repack(const cli_options *o);
+
 int cmd_score(nm_model *model, const cli_options *o, bool compare);
 int cmd_calibrate(nm_model *model, const cli_options *o);
 int cmd_profile(nm_model *model, const cli_options *o);
@@ -74,5 +78,7 @@ int cmd_bench(nm_model *model, const cli_options *o);
 int cmd_bench_throughput(nm_model *model, const cli_options *o);
 /* quantize.c: needs no loaded model (any GGUF file with F32/F16/BF16 tensors). */
 int cmd_quantize(const cli_options *o);
+/* devices.c */
+int cmd_devices(const cli_options *o);
 
 #endif /* NM_CLI_H */

@@ -302,6 +302,11 @@ nm_status open_session(nm_model *model, const cli_options *o, bool static_path, 
     return st;
 }
 
+bool cli_no_repack(const cli_options *o) {
+    /* a device other than the host's reads the weights in the file's layout */
+    return o->no_repack || (o->device && strcmp(o->device, "cpu") != 0);
+}
+
 nm_status parse_kv_type(const cli_options *o, nm_kv_type *out, nm_error *err) {
     *out = NM_KV_F32;
     if (!o->kv_type || strcmp(o->kv_type, "f32") == 0) return NM_OK;

@@ -310,6 +310,7 @@ static int npumoe_main(int argc, char **argv) {
         cli_print_help(stdout, cmd);
         return 0;
     }
+    if (cmd == CMD_DEVICES) return cmd_devices(&o);
     if (!o.model) return fail("no model: give -m FILE%s%s", "", "");
     if (cmd == CMD_QUANTIZE) return cmd_quantize(&o);
     const char *bad_kernels = NULL;
@@ -321,7 +322,7 @@ static int npumoe_main(int argc, char **argv) {
     nm_error err = {0};
     nm_model_params mp = nm_model_default_params();
     if (o.compat && nm_compat_parse(o.compat, &mp.compat, &err) != NM_OK) return fail_err(&err);
-    mp.no_repack = o.no_repack;
+    mp.no_repack = cli_no_repack(&o);
     /* tokenize needs only the vocabulary (and then reads vocabulary-only
      * files, as llama-tokenize --vocab-only does); info describes such a
      * file, and loads the weights of any other */

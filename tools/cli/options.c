@@ -99,7 +99,7 @@ static const option_def option_table[] = {
      "MoE prefill mode: dense, naive, tiers, grouped, npumoe (default dense; npumoe with --plan)"},
     {"plan", 0, KIND_STR, F(plan), 0, 0, STATIC, "FILE", "static plan made by npumoe plan"},
     {"device", 0, KIND_STR, F(device), 0, 0, STATIC | CMD_PROFILE, "NAME",
-     "static-graph device (default cpu)"},
+     "static-graph device: cpu (default), vulkan (the first), vulkan:N (npumoe devices)"},
     {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE, "N",
      "worker threads of the cpu device (default 1)"},
     {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC, "T",
@@ -156,7 +156,8 @@ static const option_def option_table[] = {
     {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral",
      "with --chat: use this format instead of recognising the file's template"},
     {"system", 0, KIND_STR, F(system), 0, 0, CMD_RUN, "TEXT", "with --chat: a system message"},
-    {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE, NULL, "show this help"},
+    {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE | CMD_DEVICES, NULL,
+     "show this help"},
 };
 
 static const struct {
@@ -182,7 +183,7 @@ static const struct {
      "KL divergence and top-1 agreement of the candidate against the reference"},
     {"calibrate", CMD_CALIBRATE, "calibrate -m MODEL -f TEXT -o CALIB.json [--chunk T] [--ctx N]",
      "record every layer's per-expert load in every prefill chunk of a text"},
-    {"profile", CMD_PROFILE, "profile -m MODEL [--device cpu] -o PROFILE.json [--reps N]",
+    {"profile", CMD_PROFILE, "profile -m MODEL [--device NAME] -o PROFILE.json [--reps N]",
      "measure the device's dispatch+sync latency and grouped-graph times, and the host's cost "
      "per expert row, with the model's expert shapes"},
     {"plan", CMD_PLAN,
@@ -194,6 +195,9 @@ static const struct {
      "       npumoe bench -m MODEL [-p N] [-n N] [-r N] [-t N] [--json]",
      "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG); "
      "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
+    {"devices", CMD_DEVICES, "devices",
+     "list the static-graph devices this machine can open (cpu, each Vulkan device) with "
+     "their memory and float16/int8 support, and why Vulkan cannot be used if it cannot"},
     {"quantize", CMD_QUANTIZE, "quantize -m IN.gguf -o OUT.gguf --type TYPE [-t N]",
      "write a quantised (q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, q4_k_s, q5_k_s) or "
      "converted (f16, bf16, f32) copy of an F32/F16/BF16 GGUF model, bytes as llama-quantize "

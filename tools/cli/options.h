@@ -20,6 +20,7 @@ enum {
     CMD_PLAN = 1 << 8,
     CMD_BENCH = 1 << 9,
     CMD_QUANTIZE = 1 << 10,
+    CMD_DEVICES = 1 << 11,
 };
 
 typedef struct cli_options {

@@ -53,7 +53,7 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
     if (st == NM_OK && compare && (o->cand_model || o->cand_compat)) {
         /* the candidate: another file, or the same one under other semantics */
         nm_model_params mp = nm_model_default_params();
-        mp.no_repack = o->no_repack;
+        mp.no_repack = cli_no_repack(o);
         const char *compat = o->cand_compat ? o->cand_compat : o->compat;
         if (compat) st = nm_compat_parse(compat, &mp.compat, &err);
         if (st == NM_OK)

@@ -159,11 +159,8 @@ static nm_status check_mat(const char *what, const nm_mat *m, int64_t n, int64_t
 static nm_status check_spec(const nm_ffn_spec *spec, nm_error *err) {
     const nm_expert_weights *w = spec->weights;
     const int32_t layer = spec->layer;
-    if (layer < 0) return nm_errorf(err, NM_ERR_INVALID_ARG, "ffn graph: layer %d < 0", layer);
-    if (spec->n_experts < 1)
-        return nm_errorf(err, NM_ERR_INVALID_ARG,
-                         "ffn graph of layer %d: n_experts %d, a graph needs at least one expert",
-                         layer, spec->n_experts);
+    nm_status st = nm_ffn_spec_check_slots(spec, err);
+    if (st) return st;
     if (spec->d_model != w->gate.k)
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "ffn graph of layer %d: d_model %lld does not match the weights' %lld",
@@ -172,30 +169,11 @@ static nm_status check_spec(const nm_ffn_spec *spec, nm_error *err) {
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "ffn graph of layer %d: d_ff %lld does not match the weights' %lld", layer,
                          (long long)spec->d_ff, (long long)w->gate.n);
-    nm_status st;
     if ((st = check_mat("gate", &w->gate, spec->d_ff, spec->d_model, layer, err)) ||
         (st = check_mat("up", &w->up, spec->d_ff, spec->d_model, layer, err)) ||
         (st = check_mat("down", &w->down, spec->d_model, spec->d_ff, layer, err)))
         return st;
-    for (int32_t i = 0; i < spec->n_experts; i++) {
-        const int32_t e = spec->experts[i];
-        if (e < 0 || e >= w->n_expert)
-            return nm_errorf(err, NM_ERR_INVALID_ARG,
-                             "ffn graph of layer %d: expert %d (slot %d) is out of range: the "
-                             "layer has %d experts",
-                             layer, e, i, w->n_expert);
-        for (int32_t j = 0; j < i; j++)
-            if (spec->experts[j] == e)
-                return nm_errorf(err, NM_ERR_INVALID_ARG,
-                                 "ffn graph of layer %d: expert %d appears twice (slots %d and %d)",
-                                 layer, e, j, i);
-        if (spec->capacity[i] < 1)
-            return nm_errorf(err, NM_ERR_INVALID_ARG,
-                             "ffn graph of layer %d: capacity %d of expert %d (slot %d) is not "
-                             ">= 1",
-                             layer, spec->capacity[i], e, i);
-    }
-    return NM_OK;
+    return nm_ffn_spec_check_slots(spec, err);
 }
 
 /* Tiles per slot and columns per tile for an output of `width` columns. */
