@@ -65,8 +65,8 @@ static void use_config(int id) {
 /* BF_KC: K elements per slice (a multiple of 32); the slices' partial sums
  * go through y (a float stored and reloaded is the same float). BF_MB:
  * activation tiles (16 rows each) rounded per block, which every 32 weight
- * rows then meet, two at a time (128 KiB of the stack for each). */
-enum { BF_KC = 1024, BF_MB = 8 };
+ * rows then meet, two at a time (64 KiB of the stack for each). */
+enum { BF_KC = 2048, BF_MB = 4 };
 
 /* n_left (> 0) activations as bfloat16 pairs, 32 at a time, rounded as
  * avx512bf16's load_x32 rounds them; zero past n_left. */
@@ -79,19 +79,48 @@ static inline __m512i bf16_x32(const float *x, int64_t n_left) {
                                         _mm512_maskz_loadu_ps(lo, x));
 }
 
+/* out[c] lane r = in[r] lane c (16 x 16 dwords): pairs of rows
+ * interleaved by dwords, then quadwords, leave in u[4g + q] the column
+ * 4L + q of rows 4g..4g+3 in each 128-bit lane L; 128-bit shuffles gather
+ * the four lanes L of each column. */
+static inline void transpose16(const __m512i *in, __m512i *out) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int q = 0; q < 4; q++) {
+        const __m512i s0 = _mm512_shuffle_i32x4(u[q], u[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i s1 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i s2 = _mm512_shuffle_i32x4(u[q], u[4 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        out[q] = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(2, 0, 2, 0));
+        out[4 + q] = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(3, 1, 3, 1));
+        out[8 + q] = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(2, 0, 2, 0));
+        out[12 + q] = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
 /* Tile B of activation rows [0, rows) (rows <= 16) over kn elements from
  * x: xt[kb][p][r] (dwords) = the bfloat16 pair 2p, 2p + 1 of block kb of
  * row r; rows past `rows` and elements past kn are 0. */
 static void bf16_b_tiles(const float *x, int64_t ldx, int rows, int64_t kn, uint32_t *xt) {
     const int64_t nkb = (kn + 31) / 32;
-    if (rows < 16) memset(xt, 0, (size_t)nkb * 16 * 16 * 4);
-    for (int r = 0; r < rows; r++)
-        for (int64_t kb = 0; kb < nkb; kb++) {
-            _Alignas(64) uint32_t pairs[16];
-            _mm512_store_si512(pairs, bf16_x32(x + r * ldx + 32 * kb, kn - 32 * kb));
-            for (int p = 0; p < 16; p++)
-                xt[(kb * 16 + p) * 16 + r] = pairs[p];
-        }
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        __m512i in[16], out[16];
+        for (int r = 0; r < 16; r++)
+            in[r] =
+                r < rows ? bf16_x32(x + r * ldx + 32 * kb, kn - 32 * kb) : _mm512_setzero_si512();
+        transpose16(in, out);
+        for (int p = 0; p < 16; p++)
+            _mm512_store_si512(xt + (kb * 16 + p) * 16, out[p]);
+    }
 }
 
 /* NG x MG tiles of C over nkb blocks: A (weights) from a[g] (row stride
@@ -140,17 +169,25 @@ static inline __attribute__((always_inline)) void bf16_block(int ng, int mg,
 static void bf16_c_io(int load, int ng, int mg, float *cbuf, float *y, int64_t ldy, int64_t i,
                       int64_t m, int64_t j, int64_t j1) {
     for (int g = 0; g < ng; g++)
-        for (int h = 0; h < mg; h++)
+        for (int h = 0; h < mg; h++) {
+            float *cv = cbuf + (g * 2 + h) * 256;
+            const int64_t jg = j + 16 * g, ih = i + 16 * h;
+            if (!load) {
+                __m512i in[16], out[16];
+                for (int c = 0; c < 16; c++)
+                    in[c] = _mm512_load_si512(cv + 16 * c);
+                transpose16(in, out);
+                const __mmask16 cols = (__mmask16)(j1 - jg >= 16 ? 0xffff : (1u << (j1 - jg)) - 1);
+                for (int r = 0; r < 16 && ih + r < m; r++)
+                    _mm512_mask_storeu_epi32(y + (ih + r) * ldy + jg, cols, out[r]);
+                continue;
+            }
             for (int r = 0; r < 16; r++)
                 for (int c = 0; c < 16; c++) {
-                    const int64_t ii = i + 16 * h + r, jj = j + 16 * g + c;
-                    float *cv = &cbuf[(g * 2 + h) * 256 + c * 16 + r];
-                    const int in = ii < m && jj < j1;
-                    if (load)
-                        *cv = in ? y[ii * ldy + jj] : 0.0f;
-                    else if (in)
-                        y[ii * ldy + jj] = *cv;
+                    const int64_t ii = ih + r, jj = jg + c;
+                    cv[c * 16 + r] = ii < m && jj < j1 ? y[ii * ldy + jj] : 0.0f;
                 }
+        }
 }
 
 static void matmul_bf16(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
