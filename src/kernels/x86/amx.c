@@ -22,9 +22,9 @@
  * product per unit of 32 weights (Q6_K: two, one per half, each with its
  * scale) gives the exact int32 sums that vpdpbusd gives, and the scales are
  * applied outside the tile with the FMAs of avx512vnni in its order: the
- * outputs are avx512vnni's, bit for bit. So the rows past the last whole
- * 16 of m go to avx512vnni itself, and a product of fewer than 16 rows
- * (decode) is avx512vnni's. */
+ * outputs are avx512vnni's, bit for bit. So a product of fewer than
+ * AMX_MIN_ROWS rows (decode) may go to avx512vnni itself, and a last tile
+ * of fewer than 16 rows is filled with rows of zero codes. */
 #if defined(__x86_64__)
 #include "vnni-blocks.h"
 
@@ -252,6 +252,9 @@ static void matmul_bf16(const nm_mat *w, const float *x, int64_t ldx, int64_t m,
 /* KC: K elements per slice, as avx512vnni's panel path; XBUF_BYTES: the
  * quantised activation rows of a block. */
 enum { KC = 4096, XBUF_BYTES = 160 * 1024, MT = 16 };
+/* Products of fewer rows go to avx512vnni (measured crossover,
+ * docs/PERFORMANCE.md); more fill the last tile with rows of zeros. */
+enum { AMX_MIN_ROWS = 12 };
 
 /* acc[r] += the units' sums (cs: C tile of unit b as int32 [r][lane]; Q6_K:
  * cs2 the second half) scaled as avx512vnni's unit_dot scales them. */
@@ -296,15 +299,17 @@ unit_scale(uint32_t type, const int32_t *cs, const int32_t *cs2, const wpanel_bl
     } while (0)
 
 /* MT activation rows (codes xq, row stride ldq; blocks xm, stride ldm) x
- * the NC rows of panel over nb units; y as avx512vnni's tile leaves it. */
+ * the NC rows of panel over nb units; y as avx512vnni's tile leaves it,
+ * for its first `rows` rows (the others are zeros in xq and xm). */
 static inline __attribute__((always_inline)) void
 tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, const xblock *xm,
-       int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first) {
+       int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first, int rows) {
     enum { G_MAX = NM_QK_K / QB };
     const int g_units = units_per_fetch(type);
     __m512 acc[MT];
     for (int r = 0; r < MT; r++)
-        acc[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
+        acc[r] =
+            first || r >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
     _Alignas(64) int32_t cs[4][MT * 16];
     /* the units in avx512vnni's order, two at a time on separate C tiles */
     int64_t order[2];
@@ -328,7 +333,7 @@ tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, 
                            acc);
             n_pend = 0;
         }
-    for (int r = 0; r < MT; r++)
+    for (int r = 0; r < rows; r++)
         _mm512_mask_storeu_ps(y + r * ldy, cmask, acc[r]);
 }
 
@@ -336,11 +341,10 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
                                                            const float *x, int64_t ldx, int64_t m,
                                                            float *y, int64_t ldy, int64_t j0,
                                                            int64_t j1) {
-    /* the rows past the last whole tile: avx512vnni's, the same bits */
-    const int64_t mt = m / MT * MT;
-    if (mt < m)
-        nm_matmul_avx512vnni_forward(w, x + mt * ldx, ldx, m - mt, y + mt * ldy, ldy, j0, j1);
-    if (mt == 0) return;
+    if (m < AMX_MIN_ROWS) { /* avx512vnni's own, the same bits */
+        nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    }
     use_config(CFG_INT8);
     const int64_t k = w->k;
     const int64_t fetch_k = QB * units_per_fetch(type);
@@ -357,18 +361,20 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
     _Alignas(64) wpanel_block panel[KC / QB]; /* [kc / QB] blocks of NC rows */
     for (int64_t k0 = 0; k0 < k; k0 += kc) {
         const int64_t kn = k - k0 < kc ? k - k0 : kc, nb = kn / QB;
-        for (int64_t i0 = 0; i0 < mt; i0 += rb) {
-            const int64_t i1 = i0 + rb < mt ? i0 + rb : mt;
+        for (int64_t i0 = 0; i0 < m; i0 += rb) {
+            const int64_t i1 = i0 + rb < m ? i0 + rb : m;
+            const int64_t n_rows = (i1 - i0 + MT - 1) / MT * MT; /* whole tiles */
             int8_t *xq;
             xblock *xm;
-            quantise_rows(type, x, ldx, i0, i1, k0, kn, xbuf, &xq, &xm);
+            quantise_rows(type, x, ldx, i0, i1, n_rows, k0, kn, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
                 int32_t off[NC];
                 const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
                 fill_panel(type, &rows.src, kn / fetch_k, panel);
                 for (int64_t i = i0; i < i1; i += MT)
                     tile_q(type, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
-                           y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0);
+                           y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0,
+                           (int)(i1 - i < MT ? i1 - i : MT));
                 j = rows.je;
             }
         }

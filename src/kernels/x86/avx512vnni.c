@@ -199,7 +199,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             int8_t *xq;
             xblock *xm;
-            quantise_rows(type, x, ldx, i0, i1, k0, kn, xbuf, &xq, &xm);
+            quantise_rows(type, x, ldx, i0, i1, i1 - i0, k0, kn, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
                 int32_t off[NC];
                 const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);

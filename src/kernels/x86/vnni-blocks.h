@@ -96,14 +96,19 @@ static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t
     }
 }
 
-/* Rows [i0, i1) of x over [k0, k0 + kn) into buf: their codes [i1 - i0][kn]
- * (*xq), then their blocks [i1 - i0][kn / QB] (*xm). */
+/* Rows [i0, i1) of x over [k0, k0 + kn) into buf: their codes (*xq, rows
+ * of kn), then their blocks (*xm, rows of kn / QB), each part n_rows rows
+ * long (n_rows >= i1 - i0); the rows past i1 - i0 are zeros. */
 static inline void quantise_rows(uint32_t type, const float *x, int64_t ldx, int64_t i0, int64_t i1,
-                                 int64_t k0, int64_t kn, uint8_t *buf, int8_t **xq, xblock **xm) {
+                                 int64_t n_rows, int64_t k0, int64_t kn, uint8_t *buf, int8_t **xq,
+                                 xblock **xm) {
+    const int64_t nb = kn / QB;
     *xq = (int8_t *)buf;
-    *xm = (xblock *)(buf + (i1 - i0) * kn);
+    *xm = (xblock *)(buf + n_rows * kn);
     for (int64_t i = i0; i < i1; i++)
-        quantise_row(type, x + i * ldx + k0, kn, *xq + (i - i0) * kn, *xm + (i - i0) * (kn / QB));
+        quantise_row(type, x + i * ldx + k0, kn, *xq + (i - i0) * kn, *xm + (i - i0) * nb);
+    memset(*xq + (i1 - i0) * kn, 0, (size_t)((n_rows - (i1 - i0)) * kn));
+    memset(*xm + (i1 - i0) * nb, 0, (size_t)(n_rows - (i1 - i0)) * (size_t)nb * sizeof(xblock));
 }
 
 /* ---- weights: NC rows of one block, transposed to lanes ---- */
