@@ -2,7 +2,8 @@
  * independent accumulators), the AVX512-BF16 dot product (vdpbf16ps) and
  * the AVX512-VNNI int8 dot (vpdpbusd) rates, the AMX tile products
  * (tdpbf16ps, tdpbssd: four independent 16 x 16 tiles from two A and two B
- * tiles, as amx.c's BF16 loop uses them), and the memory read bandwidth
+ * tiles, as amx.c's BF16 loop uses them; per second of the thread's CPU
+ * time), and the memory read bandwidth
  * with 1 and n threads. Only called when CPUID reports the instructions
  * (AMX: and the kernel granted the tile state). */
 #include "peaks.h"
@@ -83,6 +84,14 @@ typedef struct tile_cfg {
 
 enum { TILE_ITERS = 2000000 };
 
+/* The calling thread's CPU time: the tile units are per core, and on a
+ * shared machine the time the thread was not running does not count. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* 16 x 16 x 32 BF16 (int8: x 64) products per instruction, 2 ops each. */
 static double amx_peak(int int8) {
     tile_cfg cfg = {.palette = 1};
@@ -102,7 +111,7 @@ static double amx_peak(int int8) {
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    const double t0 = now();
+    const double t0 = cpu_now();
     if (int8) {
         for (int i = 0; i < TILE_ITERS; i++) {
             _tile_dpbssd(0, 4, 6);
@@ -120,7 +129,7 @@ static double amx_peak(int int8) {
     }
     static _Alignas(64) uint8_t c[1024];
     _tile_stored(0, c, 64); /* keeps the loop alive */
-    const double dt = now() - t0;
+    const double dt = cpu_now() - t0;
     _tile_release();
     return (double)TILE_ITERS * 4 * 16 * 16 * (int8 ? 64 : 32) * 2 / dt * 1e-9;
 }
