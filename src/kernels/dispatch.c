@@ -184,8 +184,8 @@ const char *nm_kernels_why(void) {
     snprintf(why, sizeof why, "%s; amx: %s%s",
              asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs", amx_note,
              nm_kernels_amx_emulated() ? " (this build emulates the tiles: amx only when asked for)"
-             : hw                      ? " (tiles for matmuls of 16 rows or more)"
-                                       : "");
+             : hw ? " (tiles for BF16 matmuls and quantised ones of 12 rows or more)"
+                  : "");
     return why;
 }
 
