@@ -125,11 +125,11 @@ static void bf16_b_tiles(const float *x, int64_t ldx, int rows, int64_t kn, uint
 
 /* NG x MG tiles of C over nkb blocks: A (weights) from a[g] (row stride
  * lda), B from xt[h] (blocks of 16 x 16 dwords). first: C starts at 0,
- * else from cbuf. C tile (g, h) is stored to cbuf + (g * 2 + h) * 256. */
-static inline __attribute__((always_inline)) void bf16_block(int ng, int mg,
-                                                             const uint8_t *const *a, int64_t lda,
-                                                             const uint32_t *const *xt, int64_t nkb,
-                                                             int first, float *cbuf) {
+ * else from cbuf. C tile (g, h) is stored to cbuf + (g * 2 + h) * 256. pf:
+ * 32 rows (stride lda) whose lines kb to prefetch into L2 meanwhile, or NULL. */
+static inline __attribute__((always_inline)) void
+bf16_block(int ng, int mg, const uint8_t *const *a, int64_t lda, const uint32_t *const *xt,
+           int64_t nkb, int first, float *cbuf, const uint8_t *pf) {
 #define C_AT(g, h) (cbuf + ((g)*2 + (h)) * 256)
     if (first) {
         AMX_ZERO(0);
@@ -143,6 +143,9 @@ static inline __attribute__((always_inline)) void bf16_block(int ng, int mg,
         if (ng > 1 && mg > 1) AMX_LOAD(3, C_AT(1, 1), 64);
     }
     for (int64_t kb = 0; kb < nkb; kb++) {
+        if (pf) /* the next 32 rows' line kb, into L2 */
+            for (int r = 0; r < 32; r++)
+                _mm_prefetch((const char *)pf + r * lda + 64 * kb, _MM_HINT_T1);
         AMX_LOAD(4, a[0] + 64 * kb, lda);
         AMX_LOAD(6, xt[0] + 256 * kb, 64);
         AMX_DPBF16(0, 4, 6);
@@ -232,14 +235,20 @@ static void matmul_bf16(const nm_mat *w, const float *x, int64_t ldx, int64_t m,
                     const uint32_t *xts[2] = {xt[h], xt[h + mp - 1]};
                     const int64_t i = i0 + 16 * h;
                     if (!first) bf16_c_io(1, ng, mp, cbuf, y, ldy, i, m, j, j1);
+                    /* While the first activation tiles meet these rows, the
+                     * next 32 rows (read in place) are prefetched into L2: a
+                     * tile's 16 rows are 16 streams, which the hardware
+                     * prefetchers follow badly (as in avx512vnni.c). */
+                    const uint8_t *pf =
+                        h == 0 && in_place && j + 64 <= j1 ? as[0] + 32 * w->row_bytes : NULL;
                     if (ng == 2 && mp == 2)
-                        bf16_block(2, 2, as, lda, xts, nkb, first, cbuf);
+                        bf16_block(2, 2, as, lda, xts, nkb, first, cbuf, pf);
                     else if (ng == 2)
-                        bf16_block(2, 1, as, lda, xts, nkb, first, cbuf);
+                        bf16_block(2, 1, as, lda, xts, nkb, first, cbuf, pf);
                     else if (mp == 2)
-                        bf16_block(1, 2, as, lda, xts, nkb, first, cbuf);
+                        bf16_block(1, 2, as, lda, xts, nkb, first, cbuf, pf);
                     else
-                        bf16_block(1, 1, as, lda, xts, nkb, first, cbuf);
+                        bf16_block(1, 1, as, lda, xts, nkb, first, cbuf, pf);
                     bf16_c_io(0, ng, mp, cbuf, y, ldy, i, m, j, j1);
                 }
             }
@@ -298,12 +307,22 @@ unit_scale(uint32_t type, const int32_t *cs, const int32_t *cs2, const wpanel_bl
         }                                                                                          \
     } while (0)
 
+/* Weights to prefetch into L2 while a tile computes: 16 rows from p
+ * (stride bytes apart), `lines` cache lines of each (a contiguous block:
+ * 16 parts of it). */
+typedef struct prefetch_rows {
+    const uint8_t *p;
+    int64_t stride, lines;
+} prefetch_rows;
+
 /* MT activation rows (codes xq, row stride ldq; blocks xm, stride ldm) x
  * the NC rows of panel over nb units; y as avx512vnni's tile leaves it,
- * for its first `rows` rows (the others are zeros in xq and xm). */
+ * for its first `rows` rows (the others are zeros in xq and xm); pf: the
+ * next panel's weights, prefetched meanwhile (or NULL). */
 static inline __attribute__((always_inline)) void
 tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, const xblock *xm,
-       int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first, int rows) {
+       int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first, int rows,
+       const prefetch_rows *pf) {
     enum { G_MAX = NM_QK_K / QB };
     const int g_units = units_per_fetch(type);
     __m512 acc[MT];
@@ -319,6 +338,13 @@ tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, 
             const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
             order[n_pend++] = g * g_units + u;
             const int last = g == nb / g_units - 1 && ui == g_units - 1;
+            if (pf) { /* this unit's share of the next rows' lines */
+                const int64_t b = g * g_units + ui, per_row = pf->lines;
+                for (int64_t l = b * 16 * per_row / nb; l < (b + 1) * 16 * per_row / nb; l++)
+                    _mm_prefetch((const char *)pf->p + (l / per_row) * pf->stride +
+                                     64 * (l % per_row),
+                                 _MM_HINT_T1);
+            }
             if (n_pend < 2 && !last) continue;
             UNIT_PRODUCTS(type, xq, ldq, order[0], &panel[order[0]], 0, 1);
             if (n_pend > 1) UNIT_PRODUCTS(type, xq, ldq, order[1], &panel[order[1]], 6, 7);
@@ -371,10 +397,25 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
                 int32_t off[NC];
                 const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
                 fill_panel(type, &rows.src, kn / fetch_k, panel);
+                /* the next NC rows of the file (NC streams, which the
+                 * hardware prefetchers follow badly), or the next group of
+                 * the panel16 layout (one stream), during the first tile */
+                const int64_t jn = rows.jl + NC;
+                const size_t slice = (size_t)(kn / fetch_k) * fetch_bytes(type);
+                const prefetch_rows next =
+                    jn < n_grouped
+                        ? (prefetch_rows){rows.wj + NC * w->row_bytes +
+                                              NC * (size_t)(k0 / fetch_k) * fetch_bytes(type),
+                                          64 * ((int64_t)(NC * slice + 1023) / 1024),
+                                          (int64_t)(NC * slice + 1023) / 1024}
+                        : (prefetch_rows){rows.wj + NC * w->row_bytes +
+                                              (size_t)(k0 / fetch_k) * fetch_bytes(type),
+                                          (int64_t)w->row_bytes, (int64_t)(slice + 63) / 64};
+                const int pf_ok = jn < n_grouped || jn + NC <= j1;
                 for (int64_t i = i0; i < i1; i += MT)
                     tile_q(type, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
                            y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0,
-                           (int)(i1 - i < MT ? i1 - i : MT));
+                           (int)(i1 - i < MT ? i1 - i : MT), i == i0 && pf_ok ? &next : NULL);
                 j = rows.je;
             }
         }
