@@ -199,18 +199,24 @@ int main(int argc, char **argv) {
             break;
         }
     if (ci) fclose(ci);
-    double fma = 0, bf16 = 0, vnni = 0, bw1 = 0, bw2 = 0;
+    double fma = 0, bf16 = 0, vnni = 0, bw1 = 0, bw2 = 0, tbf16 = 0, tint8 = 0;
     if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX512)) {
         fma = nm_peak_fma_gflops();
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx512bf16")) bf16 = nm_peak_bf16_dot_gflops();
         if (__builtin_cpu_supports("avx512vnni")) vnni = nm_peak_vnni_gops();
+        if (nm_kernels_amx_hardware()) {
+            tbf16 = nm_peak_amx_bf16_gflops();
+            tint8 = nm_peak_amx_int8_gops();
+        }
         bw1 = nm_peak_read_gbs(1);
         bw2 = nm_peak_read_gbs(2);
     }
     printf("# peaks (one core): FP32 FMA %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
            "int8 VNNI (vpdpbusd) %.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
            fma, bf16, vnni, bw1, bw2);
+    printf("# AMX tile peaks (one core): tdpbf16ps %.1f GFLOP/s, tdpbssd %.1f GOP/s%s\n", tbf16,
+           tint8, nm_kernels_amx_hardware() ? "" : " (no AMX here)");
     fma_peak = fma;
     read_peak = bw1;
     const char *only_type = argc > 2 && strcmp(argv[2], "all") != 0 ? argv[2] : NULL;
@@ -264,15 +270,15 @@ int main(int argc, char **argv) {
                 if (only_isa && strcmp(only_isa, nm_kernels_isa_name((nm_kernels_isa)isa)) != 0)
                     continue;
                 if (!nm_kernels_force((nm_kernels_isa)isa)) continue;
-                const int bf16_acts =
-                    (isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI) &&
-                    types[t] == NM_DTYPE_BF16;
+                const int bf16_acts = (isa == NM_KERNELS_AVX512BF16 ||
+                                       isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
+                                      types[t] == NM_DTYPE_BF16;
                 const double extra = bf16_acts ? 0x1.0p-8
                                      : isa == NM_KERNELS_AVX512BF16 && types[t] == NM_DTYPE_Q8_0
                                          ? 0x1.8p-8
                                          : 0.0;
-                const int quantised =
-                    isa == NM_KERNELS_AVX512VNNI && nm_matmul_avx512vnni_quantises(types[t]);
+                const int quantised = (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
+                                      nm_matmul_avx512vnni_quantises(types[t]);
                 const char *name = nm_kernels_isa_name((nm_kernels_isa)isa);
                 failures += run_test(name, &tests[s], &w, x, y, yr, &tol, extra, quantised, reps);
                 if (nm_mat_repack_wanted(&w)) {

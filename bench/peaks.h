@@ -6,5 +6,9 @@ double nm_peak_fma_gflops(void);        /* one core, FP32 FMA, 2 flops per lane 
 double nm_peak_bf16_dot_gflops(void);   /* one core, vdpbf16ps, 2 flops per product */
 double nm_peak_vnni_gops(void);         /* one core, vpdpbusd, 2 ops per product */
 double nm_peak_read_gbs(int n_threads); /* memory read, GB/s */
+/* one core, tdpbf16ps and tdpbssd, 2 ops per product; call only where the
+ * CPU has AMX and the kernel granted the tile state */
+double nm_peak_amx_bf16_gflops(void);
+double nm_peak_amx_int8_gops(void);
 
 #endif

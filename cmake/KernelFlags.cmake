@@ -21,5 +21,13 @@ function(nm_set_kernel_flags)
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512vnni.c PROPERTIES
                                 COMPILE_OPTIONS
                                 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c${no_san}")
+    # amx.c: the tile instructions; amx-emu.c: the same source with them
+    # emulated (no AMX flags, so nothing there can emit one)
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/amx.c PROPERTIES
+                                COMPILE_OPTIONS
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c;-mamx-tile;-mamx-int8;-mamx-bf16${no_san}")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/amx-emu.c PROPERTIES
+                                COMPILE_OPTIONS
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c${no_san}")
   endif()
 endfunction()

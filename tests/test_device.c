@@ -46,20 +46,20 @@ typedef struct synth {
 
 static void *synth_stack(uint32_t type, int64_t n_mats, int64_t n, int64_t k, nm_mat *first,
                          size_t *stride) {
-    const size_t elem = type == NM_DTYPE_F32 ? 4 : 2;
-    uint8_t *data = malloc((size_t)(n_mats * n * k) * elem);
+    size_t rb = 0;
+    CHECK(nm_dtype_row_bytes(type, k, &rb));
+    uint8_t *data = malloc((size_t)(n_mats * n) * rb);
+    float *row = malloc((size_t)k * sizeof(float));
     const float scale = 1.0f / sqrtf((float)k);
-    for (int64_t i = 0; i < n_mats * n * k; i++) {
-        const float v = rng_float() * scale;
-        if (type == NM_DTYPE_F32)
-            memcpy(data + i * 4, &v, 4);
-        else {
-            uint16_t h = type == NM_DTYPE_F16 ? nm_f32_to_f16(v) : nm_f32_to_bf16(v);
-            memcpy(data + i * 2, &h, 2);
-        }
+    for (int64_t r = 0; r < n_mats * n; r++) {
+        for (int64_t i = 0; i < k; i++)
+            row[i] = rng_float() * scale;
+        nm_error err = {0};
+        CHECK_INT_EQ(nm_quantize_row((nm_dtype)type, row, data + (size_t)r * rb, k, &err), NM_OK);
     }
-    *first = (nm_mat){.data = data, .type = type, .n = n, .k = k, .row_bytes = (size_t)k * elem};
-    *stride = (size_t)(n * k) * elem;
+    free(row);
+    *first = (nm_mat){.data = data, .type = type, .n = n, .k = k, .row_bytes = rb};
+    *stride = (size_t)n * rb;
     return data;
 }
 
@@ -555,6 +555,10 @@ int main(void) {
     synth f16 = synth_new(NM_DTYPE_F16, 6, 96, 48);
     synth bf16 = synth_new(NM_DTYPE_BF16, 5, 40, 24);
     synth odd = synth_new(NM_DTYPE_F32, 12, 37, 19); /* widths no tile divides */
+    /* quantised: int8 activations, and amx's tiles from 12 rows (capacity
+     * padding must not change the real rows' bits) */
+    synth q8 = synth_new(NM_DTYPE_Q8_0, 4, 64, 96);
+    synth q4k = synth_new(NM_DTYPE_Q4_K, 3, 256, 512);
 
     for (int d = 0; d < N_DEVICES; d++) {
         for (int n_threads = 1; n_threads <= 3; n_threads += 2) {
@@ -572,6 +576,10 @@ int main(void) {
             check_random_graphs(dev, &bf16.w, 0, 6, what);
             snprintf(what, sizeof what, "%s/%d odd", device_names[d], n_threads);
             check_random_graphs(dev, &odd.w, 0, 6, what);
+            snprintf(what, sizeof what, "%s/%d q8_0", device_names[d], n_threads);
+            check_random_graphs(dev, &q8.w, 0, 6, what);
+            snprintf(what, sizeof what, "%s/%d q4_K", device_names[d], n_threads);
+            check_random_graphs(dev, &q4k.w, 0, 6, what);
             check_in_flight(dev, &f16.w);
             check_refusals(dev, &model->layers[0].experts);
             nm_device_stats s;
@@ -593,6 +601,8 @@ int main(void) {
     synth_free(&f16);
     synth_free(&bf16);
     synth_free(&odd);
+    synth_free(&q8);
+    synth_free(&q4k);
     nm_model_free(model);
     return nm_test_finish("test_device");
 }

@@ -203,6 +203,43 @@ static void check_repacked(const nm_mat *mat, const float *x, int64_t m, const f
     free(buf);
 }
 
+/* amx against the code it shares and its two builds: for quantised weights
+ * the bits of avx512vnni (the same int32 sums, scaled in the same order),
+ * from the instructions and from the emulated tiles alike; for BF16 the
+ * instructions within (K/32 + 1) 2^-22 sum|x w| of the emulation, which
+ * models each tile product's pair sums (amx-tile.h). y: what the variant
+ * in use gave. */
+static void check_amx(const nm_mat *mat, const float *x, int64_t m, const float *y) {
+    const int64_t n = mat->n, k = mat->k;
+    const size_t bytes = (size_t)(m * n) * sizeof(float);
+    float *ye = malloc(bytes), *yh = malloc(bytes), *yv = malloc(bytes);
+    nm_matmul_amx_emu_forward(mat, x, k, m, ye, n, 0, n);
+    const bool hw = nm_kernels_amx_hardware();
+    if (hw) nm_matmul_amx_hw_forward(mat, x, k, m, yh, n, 0, n);
+    if (nm_matmul_avx512vnni_quantises(mat->type)) {
+        nm_matmul_avx512vnni_forward(mat, x, k, m, yv, n, 0, n);
+        CHECK(memcmp(y, yv, bytes) == 0);
+        CHECK(memcmp(ye, yv, bytes) == 0);
+        if (hw) CHECK(memcmp(yh, yv, bytes) == 0);
+    } else {
+        CHECK(memcmp(y, nm_kernels_amx_emulated() ? ye : yh, bytes) == 0);
+        int bad = 0;
+        for (int64_t i = 0; i < m && hw; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double mag = 0;
+                for (int64_t q = 0; q < k; q++)
+                    mag += fabs((double)x[i * k + q] *
+                                nm_bf16_to_f32(((const uint16_t *)mat->data)[j * k + q]));
+                const double tol = (double)(k / 32 + 1) * 0x1.0p-22 * mag + 1e-30;
+                if (fabs((double)yh[i * n + j] - ye[i * n + j]) > tol) bad++;
+            }
+        CHECK_INT_EQ(bad, 0);
+    }
+    free(ye);
+    free(yh);
+    free(yv);
+}
+
 static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n, int64_t k) {
     size_t rb = 0;
     float *wf = malloc((size_t)(n * k) * sizeof(float));
@@ -219,7 +256,8 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
     int bad = 0;
     double worst = 0;
-    const int vnni = isa == NM_KERNELS_AVX512VNNI && nm_matmul_avx512vnni_quantises(type);
+    const int vnni = (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
+                     nm_matmul_avx512vnni_quantises(type);
     if (vnni) {
         double *a = malloc((size_t)(n * k) * sizeof(double));
         rounding_magnitudes(type, w, rb, wf, n, k, a);
@@ -235,7 +273,8 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
             double tol = 2.0 * (double)k * 0x1.0p-24 * mag + 1e-30;
             /* activations rounded to bfloat16: up to 2^-9 each, both sides */
             /* (avx512vnni hands BF16 weights to avx512bf16) */
-            if ((isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI) &&
+            if ((isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AVX512VNNI ||
+                 isa == NM_KERNELS_AMX) &&
                 type == NM_DTYPE_BF16)
                 tol += 0x1.0p-8 * mag;
             /* and Q8_0 weights too: 2^-9 more */
@@ -261,6 +300,10 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     CHECK(memcmp(yf, y, (size_t)(mf * n) * sizeof(float)) == 0);
     free(yf);
     if (nm_mat_repack_wanted(&mat)) check_repacked(&mat, x, m, y);
+#if defined(__x86_64__)
+    if (isa == NM_KERNELS_AMX && (type == NM_DTYPE_BF16 || nm_matmul_avx512vnni_quantises(type)))
+        check_amx(&mat, x, m, y);
+#endif
     free(w);
     free(wf);
     free(x);
@@ -487,12 +530,14 @@ int main(void) {
      * the tile widths (4, 8, 16), K from one block to very long, also past
      * the quantised panels' limit (4096) with several rows and past
      * avx512vnni's slice of one row (65536); 200 rows of 768 cross
-     * avx512vnni's block of quantised rows */
+     * avx512vnni's block of quantised rows; amx's tiles of 16 rows and
+     * outputs, two by two, and its slices of BF16 rows (1024) */
     const int64_t shapes[][3] = {
-        {1, 1, 1},    {1, 7, 3},      {3, 5, 257},   {17, 33, 300},  {2, 3, 4099},  {5, 9, 16},
-        {4, 4, 64},   {9, 6, 33},     {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20},  {6, 70, 96},
-        {1, 19, 512}, {9, 5, 5000},   {5, 8, 768},   {4, 17, 4096},  {7, 16, 8192}, {13, 31, 256},
-        {6, 15, 64},  {200, 20, 768}, {1, 33, 2048}, {12, 48, 4096}, {40, 6, 8192}};
+        {1, 1, 1},     {1, 7, 3},      {3, 5, 257},   {17, 33, 300},  {2, 3, 4099},  {5, 9, 16},
+        {4, 4, 64},    {9, 6, 33},     {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20},  {6, 70, 96},
+        {1, 19, 512},  {9, 5, 5000},   {5, 8, 768},   {4, 17, 4096},  {7, 16, 8192}, {13, 31, 256},
+        {6, 15, 64},   {200, 20, 768}, {1, 33, 2048}, {12, 48, 4096}, {40, 6, 8192}, {48, 40, 1056},
+        {150, 35, 96}, {16, 16, 256}};
     for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
         if (!nm_kernels_isa_supported((nm_kernels_isa)isa)) {
             printf("variant %s: not supported here, skipped\n",

@@ -36,6 +36,16 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKA
 cmake --build build/release -j "$jobs"
 ctest --test-dir build/release --output-on-failure -j "$jobs"
 
+echo "== emulated AMX tiles (NM_AMX_EMULATE): the model and static-path tests with the amx variant"
+# The tile instructions in C (src/kernels/x86/amx-tile.h), so that the amx
+# variant's layouts and loops are tested on every CPU that runs avx512vnni
+# (elsewhere the amx tests are skipped, as for any variant the CPU lacks).
+cmake -S . -B build/amx-emu -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_AMX_EMULATE=ON
+amx_tests=(test_model test_quant_models test_kernels_variants test_static test_device)
+cmake --build build/amx-emu -j "$jobs" --target "${amx_tests[@]}"
+NPUMOE_KERNELS=amx ctest --test-dir build/amx-emu --output-on-failure -j "$jobs" \
+    -R "^(test_model_amx|test_quant_models_amx|test_kernels_variants|test_static|test_device)\$"
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_SANITIZE=ON
 cmake --build build/asan -j "$jobs"

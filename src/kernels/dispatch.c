@@ -5,8 +5,12 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +20,7 @@ static const char *const isa_names[NM_KERNELS_COUNT] = {
     [NM_KERNELS_AVX512] = "avx512",
     [NM_KERNELS_AVX512BF16] = "avx512bf16",
     [NM_KERNELS_AVX512VNNI] = "avx512vnni",
+    [NM_KERNELS_AMX] = "amx",
 };
 _Static_assert(sizeof isa_names / sizeof isa_names[0] == NM_KERNELS_COUNT, "one name per isa");
 
@@ -43,6 +48,62 @@ static bool has_f16c(void) {
 }
 #endif
 
+bool nm_kernels_amx_emulated(void) {
+#if defined(NM_AMX_EMULATE)
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* Whether the CPU has AMX and the kernel grants the tile state: -1 until
+ * asked, then 0 or 1; amx_note says which, and why not. */
+static atomic_int amx_state = -1;
+static char amx_note[160];
+
+#if defined(__x86_64__)
+enum { ARCH_REQ_XCOMP_PERM_ = 0x1023, XFEATURE_XTILEDATA_ = 18 };
+
+static int amx_probe(void) {
+    unsigned a, b, c, d;
+    /* CPUID.(7,0):EDX bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8 */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1u) || !((d >> 24) & 1u) ||
+        !((d >> 25) & 1u)) {
+        snprintf(amx_note, sizeof amx_note, "the CPU has no AMX-TILE/BF16/INT8");
+        return 0;
+    }
+    /* Linux enables the 8 KiB tile state per process, on request */
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA_) != 0) {
+        snprintf(amx_note, sizeof amx_note,
+                 "the CPU has AMX but the kernel refused the tile state (arch_prctl: %s)",
+                 strerror(errno));
+        return 0;
+    }
+    snprintf(amx_note, sizeof amx_note,
+             "the CPU has AMX-TILE/BF16/INT8 and the kernel granted the tile state");
+    return 1;
+}
+#endif
+
+bool nm_kernels_amx_hardware(void) {
+    int s = atomic_load(&amx_state);
+    if (s >= 0) return s == 1;
+#if defined(__x86_64__)
+    static atomic_flag probing = ATOMIC_FLAG_INIT;
+    /* one thread probes (amx_note is written once); others wait for it */
+    if (!atomic_flag_test_and_set(&probing)) {
+        atomic_store(&amx_state, amx_probe());
+    } else {
+        while (atomic_load(&amx_state) < 0) {
+        }
+    }
+#else
+    snprintf(amx_note, sizeof amx_note, "not an x86-64 CPU");
+    atomic_store(&amx_state, 0);
+#endif
+    return atomic_load(&amx_state) == 1;
+}
+
 bool nm_kernels_isa_supported(nm_kernels_isa isa) {
     switch (isa) {
     case NM_KERNELS_REF:
@@ -60,6 +121,9 @@ bool nm_kernels_isa_supported(nm_kernels_isa isa) {
     case NM_KERNELS_AVX512VNNI: /* delegates BF16 weights to avx512bf16 */
         return nm_kernels_isa_supported(NM_KERNELS_AVX512BF16) &&
                __builtin_cpu_supports("avx512vnni");
+    case NM_KERNELS_AMX: /* the code around the tiles is avx512vnni's */
+        return nm_kernels_isa_supported(NM_KERNELS_AVX512VNNI) &&
+               (nm_kernels_amx_emulated() || nm_kernels_amx_hardware());
 #endif
     default:
         return false;
@@ -73,8 +137,11 @@ bool nm_kernels_isa_supported(nm_kernels_isa isa) {
  * decoding of quantised files 1.3-3x faster. NPUMOE_KERNELS=avx512 keeps
  * every activation in FP32. */
 static nm_kernels_isa best_isa(void) {
-    for (int i = NM_KERNELS_COUNT - 1; i > 0; i--)
+    for (int i = NM_KERNELS_COUNT - 1; i > 0; i--) {
+        /* emulated tiles are for tests: only when asked for */
+        if (i == NM_KERNELS_AMX && nm_kernels_amx_emulated()) continue;
         if (nm_kernels_isa_supported((nm_kernels_isa)i)) return (nm_kernels_isa)i;
+    }
     return NM_KERNELS_REF;
 }
 
@@ -107,6 +174,21 @@ nm_kernels_isa nm_kernels_active(void) {
     return (nm_kernels_isa)atomic_load(&active_isa);
 }
 
+const char *nm_kernels_why(void) {
+    static char why[320]; /* for the command's info; not for concurrent callers */
+    const nm_kernels_isa isa = nm_kernels_active();
+    const char *env = getenv("NPUMOE_KERNELS");
+    nm_kernels_isa want;
+    const bool asked = env && *env && env_variant(env, &want) && want == isa;
+    const bool hw = nm_kernels_amx_hardware(); /* fills amx_note */
+    snprintf(why, sizeof why, "%s; amx: %s%s",
+             asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs", amx_note,
+             nm_kernels_amx_emulated() ? " (this build emulates the tiles: amx only when asked for)"
+             : hw ? " (tiles for BF16 matmuls and quantised ones of 12 rows or more)"
+                  : "");
+    return why;
+}
+
 bool nm_kernels_force(nm_kernels_isa isa) {
     if (!nm_kernels_isa_supported(isa)) return false;
     atomic_store(&active_isa, (int)isa);
@@ -126,7 +208,8 @@ bool nm_kernels_check_env(const char **bad) {
 
 bool nm_mat_repack_wanted(const nm_mat *w) {
 #if defined(__x86_64__)
-    return nm_kernels_active() == NM_KERNELS_AVX512VNNI && w->layout == NM_LAYOUT_ROWS &&
+    const nm_kernels_isa isa = nm_kernels_active();
+    return (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) && w->layout == NM_LAYOUT_ROWS &&
            w->n >= 16 && nm_kernels_is_block_quant(w->type);
 #else
     (void)w;
@@ -147,11 +230,18 @@ nm_mat nm_mat_repack(const nm_mat *w, void *dst) {
 
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                        int64_t ldy, int64_t j0, int64_t j1) {
-    /* a repacked matrix is in avx512vnni's own layout */
-    const nm_kernels_isa isa =
-        w->layout == NM_LAYOUT_PANEL16 ? NM_KERNELS_AVX512VNNI : nm_kernels_active();
+    /* a repacked matrix is in avx512vnni's own layout, which amx reads too */
+    nm_kernels_isa isa = nm_kernels_active();
+    if (w->layout == NM_LAYOUT_PANEL16 && isa != NM_KERNELS_AMX) isa = NM_KERNELS_AVX512VNNI;
     switch (isa) {
 #if defined(__x86_64__)
+    case NM_KERNELS_AMX:
+#if defined(NM_AMX_EMULATE)
+        nm_matmul_amx_emu_forward(w, x, ldx, m, y, ldy, j0, j1);
+#else
+        nm_matmul_amx_hw_forward(w, x, ldx, m, y, ldy, j0, j1);
+#endif
+        return;
     case NM_KERNELS_AVX512VNNI:
         nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;

@@ -99,6 +99,13 @@ void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, 
 bool nm_matmul_avx512vnni_quantises(uint32_t type);
 /* nm_mat_repack's work: w's rows into dst in NM_LAYOUT_PANEL16. */
 void nm_avx512vnni_repack(const nm_mat *w, void *dst);
+/* The amx variant (x86/amx.c): the tile instructions (_hw: only where
+ * nm_kernels_amx_hardware()) or the same source over emulated tiles (_emu:
+ * where avx512vnni runs). */
+void nm_matmul_amx_hw_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                              int64_t ldy, int64_t j0, int64_t j1);
+void nm_matmul_amx_emu_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                               int64_t ldy, int64_t j0, int64_t j1);
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
                                  int head_dim, float scale, float *out, float *scores);

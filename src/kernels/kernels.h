@@ -34,11 +34,13 @@ typedef struct nm_mat {
  * present; the per-ISA variants (src/kernels/x86/) are compiled with their
  * own flags and usable when CPUID says so. The variant in use is chosen once,
  * at the first kernel call: NPUMOE_KERNELS=ref|avx2|avx512|avx512bf16|
- * avx512vnni when set and supported (or exact: nm_kernels_exact()), else the fastest the CPU
- * supports, in the order avx512vnni, avx512bf16, avx512, avx2, ref. avx512bf16 rounds the
- * activations of BF16 matmuls to bfloat16 and avx512vnni also quantises
- * those of quantised matmuls to int8 blocks, as llama.cpp does (the cost is
- * measured in docs/PERFORMANCE.md); F32 and F16 weights keep FP32
+ * avx512vnni|amx when set and supported (or exact: nm_kernels_exact()), else
+ * the fastest the CPU supports, in the order amx, avx512vnni, avx512bf16,
+ * avx512, avx2, ref. avx512bf16 rounds the activations of BF16 matmuls to
+ * bfloat16 and avx512vnni also quantises those of quantised matmuls to int8
+ * blocks, as llama.cpp does (the cost is measured in docs/PERFORMANCE.md);
+ * amx quantises as avx512vnni and gives its bits for quantised weights, and
+ * sums BF16 products in the tiles' order. F32 and F16 weights keep FP32
  * activations in every variant, and NPUMOE_KERNELS=avx512 keeps them for
  * every type. Every variant computes an
  * output element with the same operations whatever the row count m and the
@@ -49,10 +51,14 @@ typedef enum nm_kernels_isa {
     NM_KERNELS_AVX512 = 2,     /* AVX-512 F/BW/VL/DQ */
     NM_KERNELS_AVX512BF16 = 3, /* + AVX512-BF16 dot products for BF16 weights */
     NM_KERNELS_AVX512VNNI = 4, /* + AVX512-VNNI int8 dot products for quantised weights */
-    NM_KERNELS_COUNT = 5
+    /* + AMX tiles (TILE, BF16, INT8) with the tile state granted by the
+     * kernel; in a -DNM_AMX_EMULATE=ON build the tiles are emulated in C and
+     * it runs where avx512vnni does, but only when asked for */
+    NM_KERNELS_AMX = 5,
+    NM_KERNELS_COUNT = 6
 } nm_kernels_isa;
 
-/* "ref", "avx2", "avx512", "avx512bf16", "avx512vnni". */
+/* "ref", "avx2", "avx512", "avx512bf16", "avx512vnni", "amx". */
 const char *nm_kernels_isa_name(nm_kernels_isa isa);
 /* Parses a variant name; false for an unknown name. */
 bool nm_kernels_isa_parse(const char *name, nm_kernels_isa *out);
@@ -66,19 +72,28 @@ nm_kernels_isa nm_kernels_active(void);
 /* Uses isa from now on; false (and nothing changes) if it is not supported.
  * Call it before starting work on other threads. */
 bool nm_kernels_force(nm_kernels_isa isa);
+/* Why the variant in use was chosen, and whether the CPU and the kernel
+ * allow amx (a sentence for `npumoe info`). */
+const char *nm_kernels_why(void);
+/* Whether this CPU has AMX-TILE/BF16/INT8 and the kernel granted this
+ * process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA). */
+bool nm_kernels_amx_hardware(void);
+/* Whether this build emulates the tile instructions (-DNM_AMX_EMULATE=ON). */
+bool nm_kernels_amx_emulated(void);
 /* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
  * "exact" (which is then forced); false otherwise, with the value in *bad. */
 bool nm_kernels_check_env(const char **bad);
 
 /* Whether the variant in use computes w faster from a copy in a layout of
- * its own: avx512vnni with Q4_0, Q4_K, Q5_K or Q6_K weights of at least 16
- * rows, in the file's layout (Q8_0 rows, which need no unpacking, measured
- * no faster repacked; docs/PERFORMANCE.md). */
+ * its own: avx512vnni or amx (which reads the same layout) with Q4_0, Q4_K, Q5_K or Q6_K weights of
+ * at least 16 rows, in the file's layout (Q8_0 rows, which need no unpacking, measured no faster
+ * repacked; docs/PERFORMANCE.md). */
 bool nm_mat_repack_wanted(const nm_mat *w);
 /* Writes the n * row_bytes bytes of w (one nm_mat_repack_wanted accepts) to
  * dst, which must not overlap them, in that layout, and returns the matrix
  * at dst. Every matmul gives the same bits from the copy as avx512vnni from
- * w; the copy goes to avx512vnni whichever variant is in use later. Rows
+ * w; the copy goes to avx512vnni whichever variant is in use later
+ * (to amx while amx is in use). Rows
  * [16a, 16b) come out the same whatever the other rows, so a matrix may be
  * repacked in parts that start at multiples of 16 rows. */
 nm_mat nm_mat_repack(const nm_mat *w, void *dst);

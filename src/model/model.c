@@ -386,7 +386,7 @@ void nm_model_describe(const nm_model *model, void *file) {
     if (model->repacked_tensors)
         fprintf(f, "repacked:            %d tensors, %.2f MiB, for the %s kernels\n",
                 model->repacked_tensors, (double)model->repacked_bytes / 1048576.0,
-                nm_kernels_isa_name(NM_KERNELS_AVX512VNNI));
+                nm_kernels_isa_name(nm_kernels_active()));
     else
         fprintf(f, "repacked:            none\n");
 

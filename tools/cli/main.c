@@ -20,7 +20,7 @@
 static int cmd_info(nm_model *model, const cli_options *o) {
     (void)o;
     nm_model_describe(model, stdout);
-    printf("kernels: %s\n", nm_kernels_isa_name(nm_kernels_active()));
+    printf("kernels: %s (%s)\n", nm_kernels_isa_name(nm_kernels_active()), nm_kernels_why());
     return 0;
 }
 
@@ -316,7 +316,7 @@ static int npumoe_main(int argc, char **argv) {
     const char *bad_kernels = NULL;
     if (!nm_kernels_check_env(&bad_kernels))
         return fail("NPUMOE_KERNELS='%s' is not a kernel variant this CPU runs (ref, avx2, "
-                    "avx512, avx512bf16, avx512vnni, or exact)%s",
+                    "avx512, avx512bf16, avx512vnni, amx, or exact)%s",
                     bad_kernels, "");
     nm_model *model = NULL;
     nm_error err = {0};

@@ -1,0 +1,454 @@
+/* The amx variant: matmuls of BF16 and quantised weights on AMX tiles.
+ * Compiled twice: here with the AMX flags (the instructions, entry points
+ * *_hw), and by amx-emu.c with NM_AMX_EMU defined (the tile operations in
+ * plain C, amx-tile.h; entry points *_emu). The rest of the code is AVX-512
+ * in both, so both need the CPU features of avx512vnni.
+ *
+ * BF16 weights: y = x . W^T with the weights as tile A, straight from the
+ * file's rows (16 rows x 32 values per tile, row stride row_bytes), and the
+ * activations rounded to bfloat16 as avx512bf16 rounds them (nearest even)
+ * and laid out as tile B (row p: the pairs 2p, 2p + 1 of 16 activation
+ * rows), so C[n][m] = y[m][n]. Every m takes this path, one row as well as
+ * many (16 x 16 outputs per tile product, rows past m are zeros): an
+ * output is then always the same sequence of tile products over its weight
+ * row and activation row in blocks of 32, which the tile's FP32
+ * accumulation order (not that of vdpbf16ps) makes it. So the bits do not
+ * depend on m or [j0, j1), but they are not avx512bf16's.
+ *
+ * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K weights: the activations quantised to int8
+ * blocks as avx512vnni does (vnni-blocks.h), as tile A (16 rows x one block
+ * of 32 codes); the weights unpacked as avx512vnni unpacks them, NC = 16
+ * rows per panel, which is tile B (8 rows x 16 outputs x 4 codes). One tile
+ * product per unit of 32 weights (Q6_K: two, one per half, each with its
+ * scale) gives the exact int32 sums that vpdpbusd gives, and the scales are
+ * applied outside the tile with the FMAs of avx512vnni in its order: the
+ * outputs are avx512vnni's, bit for bit. So a product of fewer than
+ * AMX_MIN_ROWS rows (decode) may go to avx512vnni itself, and a last tile
+ * of fewer than 16 rows is filled with rows of zero codes. */
+#if defined(__x86_64__)
+#include "vnni-blocks.h"
+
+#include "amx-tile.h"
+
+#if defined(NM_AMX_EMU)
+#define AMX_FN(name) name##_emu_forward
+#else
+#define AMX_FN(name) name##_hw_forward
+#endif
+
+/* Tiles. BF16: C 0-3 (16 x 16 FP32), A 4-5 (16 rows x 32 BF16), B 6-7
+ * (16 pairs x 16 columns). Int8: C 0, 1, 6, 7 (16 x 16 int32); A 2 (16 rows
+ * x 32 codes), B 3 (8 rows x 16 x 4 codes); Q6_K's halves: A 4 (16 x 16
+ * codes), B 5 (4 rows x 16 x 4 codes). */
+enum { CFG_BF16 = 0, CFG_INT8 = 1 };
+static const nm_amx_cfg configs[2] = {
+    [CFG_BF16] = {.palette = 1,
+                  .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                  .rows = {16, 16, 16, 16, 16, 16, 16, 16}},
+    [CFG_INT8] = {.palette = 1,
+                  .colsb = {64, 64, 32, 64, 16, 64, 64, 64},
+                  .rows = {16, 16, 16, 8, 16, 4, 16, 16}},
+};
+
+/* The configuration this thread loaded last (-1: none yet): each thread
+ * loads one before its first tile instruction. */
+static _Thread_local int cfg_loaded = -1;
+
+static void use_config(int id) {
+    if (cfg_loaded == id) return;
+    AMX_LOADCFG(&configs[id]);
+    cfg_loaded = id;
+}
+
+/* ---- BF16 ---- */
+
+/* BF_KC: K elements per slice (a multiple of 32); the slices' partial sums
+ * go through y (a float stored and reloaded is the same float). BF_MB:
+ * activation tiles (16 rows each) rounded per block, which every 32 weight
+ * rows then meet, two at a time (64 KiB of the stack for each). */
+enum { BF_KC = 2048, BF_MB = 4 };
+
+/* n_left (> 0) activations as bfloat16 pairs, 32 at a time, rounded as
+ * avx512bf16's load_x32 rounds them; zero past n_left. */
+static inline __m512i bf16_x32(const float *x, int64_t n_left) {
+    if (n_left >= 32)
+        return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+    const __mmask16 lo = (__mmask16)(n_left >= 16 ? 0xffff : (1u << n_left) - 1);
+    const __mmask16 hi = (__mmask16)(n_left > 16 ? (1u << (n_left - 16)) - 1 : 0);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + 16),
+                                        _mm512_maskz_loadu_ps(lo, x));
+}
+
+/* out[c] lane r = in[r] lane c (16 x 16 dwords): pairs of rows
+ * interleaved by dwords, then quadwords, leave in u[4g + q] the column
+ * 4L + q of rows 4g..4g+3 in each 128-bit lane L; 128-bit shuffles gather
+ * the four lanes L of each column. */
+static inline void transpose16(const __m512i *in, __m512i *out) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int q = 0; q < 4; q++) {
+        const __m512i s0 = _mm512_shuffle_i32x4(u[q], u[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i s1 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i s2 = _mm512_shuffle_i32x4(u[q], u[4 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        out[q] = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(2, 0, 2, 0));
+        out[4 + q] = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(3, 1, 3, 1));
+        out[8 + q] = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(2, 0, 2, 0));
+        out[12 + q] = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Tile B of activation rows [0, rows) (rows <= 16) over kn elements from
+ * x: xt[kb][p][r] (dwords) = the bfloat16 pair 2p, 2p + 1 of block kb of
+ * row r; rows past `rows` and elements past kn are 0. */
+static void bf16_b_tiles(const float *x, int64_t ldx, int rows, int64_t kn, uint32_t *xt) {
+    const int64_t nkb = (kn + 31) / 32;
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        __m512i in[16], out[16];
+        for (int r = 0; r < 16; r++)
+            in[r] =
+                r < rows ? bf16_x32(x + r * ldx + 32 * kb, kn - 32 * kb) : _mm512_setzero_si512();
+        transpose16(in, out);
+        for (int p = 0; p < 16; p++)
+            _mm512_store_si512(xt + (kb * 16 + p) * 16, out[p]);
+    }
+}
+
+/* NG x MG tiles of C over nkb blocks: A (weights) from a[g] (row stride
+ * lda), B from xt[h] (blocks of 16 x 16 dwords). first: C starts at 0,
+ * else from cbuf. C tile (g, h) is stored to cbuf + (g * 2 + h) * 256. pf:
+ * 32 rows (stride lda) whose lines kb to prefetch into L2 meanwhile, or NULL. */
+static inline __attribute__((always_inline)) void
+bf16_block(int ng, int mg, const uint8_t *const *a, int64_t lda, const uint32_t *const *xt,
+           int64_t nkb, int first, float *cbuf, const uint8_t *pf) {
+#define C_AT(g, h) (cbuf + ((g)*2 + (h)) * 256)
+    if (first) {
+        AMX_ZERO(0);
+        if (mg > 1) AMX_ZERO(1);
+        if (ng > 1) AMX_ZERO(2);
+        if (ng > 1 && mg > 1) AMX_ZERO(3);
+    } else {
+        AMX_LOAD(0, C_AT(0, 0), 64);
+        if (mg > 1) AMX_LOAD(1, C_AT(0, 1), 64);
+        if (ng > 1) AMX_LOAD(2, C_AT(1, 0), 64);
+        if (ng > 1 && mg > 1) AMX_LOAD(3, C_AT(1, 1), 64);
+    }
+    for (int64_t kb = 0; kb < nkb; kb++) {
+        if (pf) /* the next 32 rows' line kb, into L2 */
+            for (int r = 0; r < 32; r++)
+                _mm_prefetch((const char *)pf + r * lda + 64 * kb, _MM_HINT_T1);
+        AMX_LOAD(4, a[0] + 64 * kb, lda);
+        AMX_LOAD(6, xt[0] + 256 * kb, 64);
+        AMX_DPBF16(0, 4, 6);
+        if (mg > 1) {
+            AMX_LOAD(7, xt[1] + 256 * kb, 64);
+            AMX_DPBF16(1, 4, 7);
+        }
+        if (ng > 1) {
+            AMX_LOAD(5, a[1] + 64 * kb, lda);
+            AMX_DPBF16(2, 5, 6);
+            if (mg > 1) AMX_DPBF16(3, 5, 7);
+        }
+    }
+    AMX_STORE(0, C_AT(0, 0), 64);
+    if (mg > 1) AMX_STORE(1, C_AT(0, 1), 64);
+    if (ng > 1) AMX_STORE(2, C_AT(1, 0), 64);
+    if (ng > 1 && mg > 1) AMX_STORE(3, C_AT(1, 1), 64);
+#undef C_AT
+}
+
+/* The C tiles (g, h) of output rows j + 16 g and activation rows i + 16 h,
+ * in cbuf as [g][h][n][m], to y (only rows below m, outputs below j1); or,
+ * load, from y into cbuf (0 elsewhere). */
+static void bf16_c_io(int load, int ng, int mg, float *cbuf, float *y, int64_t ldy, int64_t i,
+                      int64_t m, int64_t j, int64_t j1) {
+    for (int g = 0; g < ng; g++)
+        for (int h = 0; h < mg; h++) {
+            float *cv = cbuf + (g * 2 + h) * 256;
+            const int64_t jg = j + 16 * g, ih = i + 16 * h;
+            if (!load) {
+                __m512i in[16], out[16];
+                for (int c = 0; c < 16; c++)
+                    in[c] = _mm512_load_si512(cv + 16 * c);
+                transpose16(in, out);
+                const __mmask16 cols = (__mmask16)(j1 - jg >= 16 ? 0xffff : (1u << (j1 - jg)) - 1);
+                for (int r = 0; r < 16 && ih + r < m; r++)
+                    _mm512_mask_storeu_epi32(y + (ih + r) * ldy + jg, cols, out[r]);
+                continue;
+            }
+            for (int r = 0; r < 16; r++)
+                for (int c = 0; c < 16; c++) {
+                    const int64_t ii = ih + r, jj = jg + c;
+                    cv[c * 16 + r] = ii < m && jj < j1 ? y[ii * ldy + jj] : 0.0f;
+                }
+        }
+}
+
+static void matmul_bf16(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                        int64_t ldy, int64_t j0, int64_t j1) {
+    use_config(CFG_BF16);
+    const int64_t k = w->k;
+    const uint8_t *base = w->data;
+    _Alignas(64) uint32_t xt[BF_MB][BF_KC / 2 * 16]; /* tiles B of BF_MB row tiles */
+    _Alignas(64) uint16_t apad[2][16 * BF_KC];       /* tiles A that cannot be read in place */
+    _Alignas(64) float cbuf[2 * 2 * 256];            /* C tiles: [g][h][n][m] */
+    for (int64_t k0 = 0; k0 < k; k0 += BF_KC) {
+        const int64_t kn = k - k0 < BF_KC ? k - k0 : BF_KC, nkb = (kn + 31) / 32;
+        const int first = k0 == 0;
+        for (int64_t i0 = 0; i0 < m; i0 += 16 * BF_MB) {
+            const int64_t mi = m - i0 < 16 * BF_MB ? m - i0 : 16 * BF_MB;
+            const int mg = (int)((mi + 15) / 16);
+            for (int h = 0; h < mg; h++) {
+                const int rows = (int)(mi - 16 * h < 16 ? mi - 16 * h : 16);
+                bf16_b_tiles(x + (i0 + 16 * h) * ldx + k0, ldx, rows, kn, xt[h]);
+            }
+            for (int64_t j = j0; j < j1; j += 32) {
+                const int ng = j1 - j > 16 ? 2 : 1;
+                /* A in place: whole blocks of rows that exist */
+                const int in_place = k % 32 == 0 && j + 16 * ng <= w->n;
+                const uint8_t *as[2];
+                const int64_t lda = in_place ? (int64_t)w->row_bytes : nkb * 64;
+                for (int g = 0; g < ng; g++) {
+                    const int64_t jg = j + 16 * g;
+                    if (in_place) {
+                        as[g] = base + (size_t)jg * w->row_bytes + (size_t)k0 * 2;
+                        continue;
+                    }
+                    memset(apad[g], 0, sizeof apad[g]);
+                    for (int c = 0; c < 16 && jg + c < w->n; c++)
+                        memcpy(apad[g] + c * nkb * 32,
+                               base + (size_t)(jg + c) * w->row_bytes + (size_t)k0 * 2,
+                               (size_t)kn * 2);
+                    as[g] = (const uint8_t *)apad[g];
+                }
+                for (int h = 0; h < mg; h += 2) {
+                    const int mp = mg - h > 1 ? 2 : 1;
+                    const uint32_t *xts[2] = {xt[h], xt[h + mp - 1]};
+                    const int64_t i = i0 + 16 * h;
+                    if (!first) bf16_c_io(1, ng, mp, cbuf, y, ldy, i, m, j, j1);
+                    /* While the first activation tiles meet these rows, the
+                     * next 32 rows (read in place) are prefetched into L2: a
+                     * tile's 16 rows are 16 streams, which the hardware
+                     * prefetchers follow badly (as in avx512vnni.c). */
+                    const uint8_t *pf =
+                        h == 0 && in_place && j + 64 <= j1 ? as[0] + 32 * w->row_bytes : NULL;
+                    if (ng == 2 && mp == 2)
+                        bf16_block(2, 2, as, lda, xts, nkb, first, cbuf, pf);
+                    else if (ng == 2)
+                        bf16_block(2, 1, as, lda, xts, nkb, first, cbuf, pf);
+                    else if (mp == 2)
+                        bf16_block(1, 2, as, lda, xts, nkb, first, cbuf, pf);
+                    else
+                        bf16_block(1, 1, as, lda, xts, nkb, first, cbuf, pf);
+                    bf16_c_io(0, ng, mp, cbuf, y, ldy, i, m, j, j1);
+                }
+            }
+        }
+    }
+}
+
+/* ---- quantised weights ---- */
+
+/* KC: K elements per slice, as avx512vnni's panel path; XBUF_BYTES: the
+ * quantised activation rows of a block. */
+enum { KC = 4096, XBUF_BYTES = 160 * 1024, MT = 16 };
+/* Products of fewer rows go to avx512vnni (measured crossover,
+ * docs/PERFORMANCE.md); more fill the last tile with rows of zeros. */
+enum { AMX_MIN_ROWS = 12 };
+
+/* acc[r] += the units' sums (cs: C tile of unit b as int32 [r][lane]; Q6_K:
+ * cs2 the second half) scaled as avx512vnni's unit_dot scales them. */
+static inline __attribute__((always_inline)) void
+unit_scale(uint32_t type, const int32_t *cs, const int32_t *cs2, const wpanel_block *wb,
+           const xblock *xm, int64_t ldm, __m512 *acc) {
+    for (int r = 0; r < MT; r++) {
+        const xblock *xb = &xm[r * ldm];
+        __m512i dot = _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c));
+        if (type == NM_DTYPE_Q6_K) {
+            const __m512i d2 =
+                _mm512_add_epi32(_mm512_load_si512(cs2 + 16 * r), _mm512_set1_epi32(xb->c2));
+            const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(wb->aux, 16), 16);
+            const __m512i s2 = _mm512_srai_epi32(wb->aux, 16);
+            dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, s1), _mm512_mullo_epi32(d2, s2));
+        }
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                 _mm512_mul_ps(wb->s, _mm512_set1_ps(xb->d)), acc[r]);
+        if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
+            acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(wb->aux), _mm512_set1_ps(xb->f), acc[r]);
+    }
+}
+
+/* The tile products of unit b into C tiles c (and c + 1 for Q6_K's second
+ * half, as tiles 0/1 or 6/7). */
+#define UNIT_PRODUCTS(type, xq, ldq, b, wb, c0, c1)                                                \
+    do {                                                                                           \
+        AMX_ZERO(c0);                                                                              \
+        if ((type) == NM_DTYPE_Q6_K) {                                                             \
+            AMX_ZERO(c1);                                                                          \
+            AMX_LOAD(4, (xq) + QB * (b), ldq);                                                     \
+            AMX_LOAD(5, (wb)->q, 64);                                                              \
+            AMX_DPBSUD(c0, 4, 5);                                                                  \
+            AMX_LOAD(4, (xq) + QB * (b) + 16, ldq);                                                \
+            AMX_LOAD(5, (wb)->q + 4, 64);                                                          \
+            AMX_DPBSUD(c1, 4, 5);                                                                  \
+        } else {                                                                                   \
+            AMX_LOAD(2, (xq) + QB * (b), ldq);                                                     \
+            AMX_LOAD(3, (wb)->q, 64);                                                              \
+            AMX_DPBSUD(c0, 2, 3);                                                                  \
+        }                                                                                          \
+    } while (0)
+
+/* Weights to prefetch into L2 while a tile computes: 16 rows from p
+ * (stride bytes apart), `lines` cache lines of each (a contiguous block:
+ * 16 parts of it). */
+typedef struct prefetch_rows {
+    const uint8_t *p;
+    int64_t stride, lines;
+} prefetch_rows;
+
+/* MT activation rows (codes xq, row stride ldq; blocks xm, stride ldm) x
+ * the NC rows of panel over nb units; y as avx512vnni's tile leaves it,
+ * for its first `rows` rows (the others are zeros in xq and xm); pf: the
+ * next panel's weights, prefetched meanwhile (or NULL). */
+static inline __attribute__((always_inline)) void
+tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, const xblock *xm,
+       int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first, int rows,
+       const prefetch_rows *pf) {
+    enum { G_MAX = NM_QK_K / QB };
+    const int g_units = units_per_fetch(type);
+    __m512 acc[MT];
+    for (int r = 0; r < MT; r++)
+        acc[r] =
+            first || r >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
+    _Alignas(64) int32_t cs[4][MT * 16];
+    /* the units in avx512vnni's order, two at a time on separate C tiles */
+    int64_t order[2];
+    int n_pend = 0;
+    for (int64_t g = 0; g < nb / g_units; g++)
+        for (int ui = 0; ui < g_units; ui++) {
+            const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
+            order[n_pend++] = g * g_units + u;
+            const int last = g == nb / g_units - 1 && ui == g_units - 1;
+            if (pf) { /* this unit's share of the next rows' lines */
+                const int64_t b = g * g_units + ui, per_row = pf->lines;
+                for (int64_t l = b * 16 * per_row / nb; l < (b + 1) * 16 * per_row / nb; l++)
+                    _mm_prefetch((const char *)pf->p + (l / per_row) * pf->stride +
+                                     64 * (l % per_row),
+                                 _MM_HINT_T1);
+            }
+            if (n_pend < 2 && !last) continue;
+            UNIT_PRODUCTS(type, xq, ldq, order[0], &panel[order[0]], 0, 1);
+            if (n_pend > 1) UNIT_PRODUCTS(type, xq, ldq, order[1], &panel[order[1]], 6, 7);
+            AMX_STORE(0, cs[0], 64);
+            if (type == NM_DTYPE_Q6_K) AMX_STORE(1, cs[1], 64);
+            if (n_pend > 1) {
+                AMX_STORE(6, cs[2], 64);
+                if (type == NM_DTYPE_Q6_K) AMX_STORE(7, cs[3], 64);
+            }
+            for (int i = 0; i < n_pend; i++)
+                unit_scale(type, cs[2 * i], cs[2 * i + 1], &panel[order[i]], xm + order[i], ldm,
+                           acc);
+            n_pend = 0;
+        }
+    for (int r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(y + r * ldy, cmask, acc[r]);
+}
+
+static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const nm_mat *w,
+                                                           const float *x, int64_t ldx, int64_t m,
+                                                           float *y, int64_t ldy, int64_t j0,
+                                                           int64_t j1) {
+    if (m < AMX_MIN_ROWS) { /* avx512vnni's own, the same bits */
+        nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    }
+    use_config(CFG_INT8);
+    const int64_t k = w->k;
+    const int64_t fetch_k = QB * units_per_fetch(type);
+    NM_ASSERT(k % fetch_k == 0);
+    NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
+    const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
+    const int64_t kc = k < KC ? k : KC;
+    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
+    int64_t rb = XBUF_BYTES / row_q_bytes / MT * MT;
+    if (rb < MT) rb = MT;
+    NM_ASSERT(rb * row_q_bytes <= XBUF_BYTES);
+    _Alignas(64) uint8_t xbuf[XBUF_BYTES];    /* [rb][kc] codes, then [rb][kc / QB] blocks */
+    _Alignas(64) wpanel_block panel[KC / QB]; /* [kc / QB] blocks of NC rows */
+    for (int64_t k0 = 0; k0 < k; k0 += kc) {
+        const int64_t kn = k - k0 < kc ? k - k0 : kc, nb = kn / QB;
+        for (int64_t i0 = 0; i0 < m; i0 += rb) {
+            const int64_t i1 = i0 + rb < m ? i0 + rb : m;
+            const int64_t n_rows = (i1 - i0 + MT - 1) / MT * MT; /* whole tiles */
+            int8_t *xq;
+            xblock *xm;
+            quantise_rows(type, x, ldx, i0, i1, n_rows, k0, kn, xbuf, &xq, &xm);
+            for (int64_t j = j0; j < j1;) {
+                int32_t off[NC];
+                const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
+                fill_panel(type, &rows.src, kn / fetch_k, panel);
+                /* the next NC rows of the file (NC streams, which the
+                 * hardware prefetchers follow badly), or the next group of
+                 * the panel16 layout (one stream), during the first tile */
+                const int64_t jn = rows.jl + NC;
+                const size_t slice = (size_t)(kn / fetch_k) * fetch_bytes(type);
+                const prefetch_rows next =
+                    jn < n_grouped
+                        ? (prefetch_rows){rows.wj + NC * w->row_bytes +
+                                              NC * (size_t)(k0 / fetch_k) * fetch_bytes(type),
+                                          64 * ((int64_t)(NC * slice + 1023) / 1024),
+                                          (int64_t)(NC * slice + 1023) / 1024}
+                        : (prefetch_rows){rows.wj + NC * w->row_bytes +
+                                              (size_t)(k0 / fetch_k) * fetch_bytes(type),
+                                          (int64_t)w->row_bytes, (int64_t)(slice + 63) / 64};
+                const int pf_ok = jn < n_grouped || jn + NC <= j1;
+                for (int64_t i = i0; i < i1; i += MT)
+                    tile_q(type, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
+                           y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0,
+                           (int)(i1 - i < MT ? i1 - i : MT), i == i0 && pf_ok ? &next : NULL);
+                j = rows.je;
+            }
+        }
+    }
+}
+
+void AMX_FN(nm_matmul_amx)(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                           int64_t ldy, int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
+    if (m <= 0 || j0 == j1) return;
+    switch (w->type) {
+    case NM_DTYPE_BF16:
+        matmul_bf16(w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q8_0:
+        matmul_q(NM_DTYPE_Q8_0, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q4_0:
+        matmul_q(NM_DTYPE_Q4_0, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q4_K:
+        matmul_q(NM_DTYPE_Q4_K, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q5_K:
+        matmul_q(NM_DTYPE_Q5_K, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    case NM_DTYPE_Q6_K:
+        matmul_q(NM_DTYPE_Q6_K, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    default:
+        nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
+    }
+}
+#else
+typedef int nm_amx_unused; /* an empty translation unit is not ISO C */
+#endif
