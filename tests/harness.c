@@ -3,6 +3,7 @@
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "tensor/tensor.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -422,4 +423,37 @@ int nm_test_check_tokenize_tsv(const nm_tokenizer *tok, const char *tsv_path,
     free(file);
     if (n_exact) *n_exact = exact;
     return line;
+}
+
+static void *experts_stack(uint32_t type, int64_t n_mats, int64_t n, int64_t k,
+                           float (*rand_pm1)(void), nm_mat *first, size_t *stride) {
+    size_t rb = 0;
+    CHECK(nm_dtype_row_bytes(type, k, &rb));
+    uint8_t *data = malloc((size_t)(n_mats * n) * rb);
+    float *row = malloc((size_t)k * sizeof(float));
+    const float scale = 1.0f / sqrtf((float)k);
+    for (int64_t r = 0; r < n_mats * n; r++) {
+        for (int64_t i = 0; i < k; i++)
+            row[i] = rand_pm1() * scale;
+        nm_error err = {0};
+        CHECK_INT_EQ(nm_quantize_row((nm_dtype)type, row, data + (size_t)r * rb, k, &err), NM_OK);
+    }
+    free(row);
+    *first = (nm_mat){.data = data, .type = type, .n = n, .k = k, .row_bytes = rb};
+    *stride = (size_t)n * rb;
+    return data;
+}
+
+nm_test_experts nm_test_experts_new(uint32_t type, int32_t n_expert, int64_t d_model, int64_t d_ff,
+                                    float (*rand_pm1)(void)) {
+    nm_test_experts s = {.w.n_expert = n_expert};
+    s.data[0] = experts_stack(type, n_expert, d_ff, d_model, rand_pm1, &s.w.gate, &s.w.gate_stride);
+    s.data[1] = experts_stack(type, n_expert, d_ff, d_model, rand_pm1, &s.w.up, &s.w.up_stride);
+    s.data[2] = experts_stack(type, n_expert, d_model, d_ff, rand_pm1, &s.w.down, &s.w.down_stride);
+    return s;
+}
+
+void nm_test_experts_free(nm_test_experts *s) {
+    for (int i = 0; i < 3; i++)
+        free(s->data[i]);
 }

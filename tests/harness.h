@@ -3,6 +3,7 @@
 #ifndef NM_TEST_HARNESS_H
 #define NM_TEST_HARNESS_H
 
+#include "kernels/kernels.h"
 #include "npumoe.h"
 #include "plan/plan.h"
 #include "tokenizer/tokenizer.h"
@@ -125,6 +126,19 @@ typedef struct nm_test_plan {
     nm_moe_group groups[NM_TEST_MAX_LAYER][2];
     int32_t experts[NM_TEST_MAX_LAYER][2][NM_TEST_MAX_EXPERT / 2];
 } nm_test_plan;
+
+/* Synthetic expert weights of any computable type: n_expert experts with
+ * gate and up [d_ff][d_model] and down [d_model][d_ff], values uniform in
+ * +-1/sqrt(K) drawn from rand_pm1 (uniform in [-1, 1)), quantised by the
+ * library's reference quantiser. */
+typedef struct nm_test_experts {
+    nm_expert_weights w;
+    void *data[3]; /* gate, up, down: [n_expert][N][K] each */
+} nm_test_experts;
+
+nm_test_experts nm_test_experts_new(uint32_t type, int32_t n_expert, int64_t d_model, int64_t d_ff,
+                                    float (*rand_pm1)(void));
+void nm_test_experts_free(nm_test_experts *s);
 
 void nm_test_parity_plan(nm_test_plan *tp, int32_t chunk, int32_t n_layer, int32_t n_expert,
                          int32_t capacity, bool host_odd, nm_overflow overflow,

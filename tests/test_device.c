@@ -37,46 +37,6 @@ static void fill_random(float *x, int64_t n) {
         x[i] = rng_float();
 }
 
-/* ---- synthetic weights of any computable type ---- */
-
-typedef struct synth {
-    nm_expert_weights w;
-    void *gate, *up, *down; /* [n_expert][d_ff][d_model], ..., [n_expert][d_model][d_ff] */
-} synth;
-
-static void *synth_stack(uint32_t type, int64_t n_mats, int64_t n, int64_t k, nm_mat *first,
-                         size_t *stride) {
-    size_t rb = 0;
-    CHECK(nm_dtype_row_bytes(type, k, &rb));
-    uint8_t *data = malloc((size_t)(n_mats * n) * rb);
-    float *row = malloc((size_t)k * sizeof(float));
-    const float scale = 1.0f / sqrtf((float)k);
-    for (int64_t r = 0; r < n_mats * n; r++) {
-        for (int64_t i = 0; i < k; i++)
-            row[i] = rng_float() * scale;
-        nm_error err = {0};
-        CHECK_INT_EQ(nm_quantize_row((nm_dtype)type, row, data + (size_t)r * rb, k, &err), NM_OK);
-    }
-    free(row);
-    *first = (nm_mat){.data = data, .type = type, .n = n, .k = k, .row_bytes = rb};
-    *stride = (size_t)n * rb;
-    return data;
-}
-
-static synth synth_new(uint32_t type, int32_t n_expert, int64_t d_model, int64_t d_ff) {
-    synth s = {.w.n_expert = n_expert};
-    s.gate = synth_stack(type, n_expert, d_ff, d_model, &s.w.gate, &s.w.gate_stride);
-    s.up = synth_stack(type, n_expert, d_ff, d_model, &s.w.up, &s.w.up_stride);
-    s.down = synth_stack(type, n_expert, d_model, d_ff, &s.w.down, &s.w.down_stride);
-    return s;
-}
-
-static void synth_free(synth *s) {
-    free(s->gate);
-    free(s->up);
-    free(s->down);
-}
-
 /* ---- the host result ---- */
 
 /* y = down_e(silu(gate_e(x)) * up_e(x)) over m contiguous rows, whole
@@ -552,13 +512,14 @@ int main(void) {
         fprintf(stderr, "%s\n", err.msg);
         return nm_test_finish("test_device");
     }
-    synth f16 = synth_new(NM_DTYPE_F16, 6, 96, 48);
-    synth bf16 = synth_new(NM_DTYPE_BF16, 5, 40, 24);
-    synth odd = synth_new(NM_DTYPE_F32, 12, 37, 19); /* widths no tile divides */
+    nm_test_experts f16 = nm_test_experts_new(NM_DTYPE_F16, 6, 96, 48, rng_float);
+    nm_test_experts bf16 = nm_test_experts_new(NM_DTYPE_BF16, 5, 40, 24, rng_float);
+    nm_test_experts odd =
+        nm_test_experts_new(NM_DTYPE_F32, 12, 37, 19, rng_float); /* widths no tile divides */
     /* quantised: int8 activations, and amx's tiles from 12 rows (capacity
      * padding must not change the real rows' bits) */
-    synth q8 = synth_new(NM_DTYPE_Q8_0, 4, 64, 96);
-    synth q4k = synth_new(NM_DTYPE_Q4_K, 3, 256, 512);
+    nm_test_experts q8 = nm_test_experts_new(NM_DTYPE_Q8_0, 4, 64, 96, rng_float);
+    nm_test_experts q4k = nm_test_experts_new(NM_DTYPE_Q4_K, 3, 256, 512, rng_float);
 
     for (int d = 0; d < N_DEVICES; d++) {
         for (int n_threads = 1; n_threads <= 3; n_threads += 2) {
@@ -598,11 +559,11 @@ int main(void) {
         nm_pool_free(host);
         nm_device_free(dev);
     }
-    synth_free(&f16);
-    synth_free(&bf16);
-    synth_free(&odd);
-    synth_free(&q8);
-    synth_free(&q4k);
+    nm_test_experts_free(&f16);
+    nm_test_experts_free(&bf16);
+    nm_test_experts_free(&odd);
+    nm_test_experts_free(&q8);
+    nm_test_experts_free(&q4k);
     nm_model_free(model);
     return nm_test_finish("test_device");
 }

@@ -40,48 +40,6 @@ static float rng_float(void) {
     return (float)((rng * 0x2545f4914f6cdd1dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
-/* ---- synthetic weights ---- */
-
-typedef struct synth {
-    nm_expert_weights w;
-    void *data[3];
-} synth;
-
-/* A stack of n_mats [n][k] matrices of type, values uniform in +-1/sqrt(k),
- * quantised by the library's reference quantiser. */
-static void *stack_new(uint32_t type, int64_t n_mats, int64_t n, int64_t k, nm_mat *first,
-                       size_t *stride) {
-    size_t row_bytes = 0;
-    CHECK(nm_dtype_row_bytes(type, k, &row_bytes));
-    uint8_t *data = malloc((size_t)(n_mats * n) * row_bytes);
-    float *row = malloc((size_t)k * sizeof(float));
-    const float scale = 1.0f / sqrtf((float)k);
-    for (int64_t r = 0; r < n_mats * n; r++) {
-        for (int64_t i = 0; i < k; i++)
-            row[i] = rng_float() * scale;
-        nm_error err = {0};
-        CHECK_INT_EQ(nm_quantize_row((nm_dtype)type, row, data + (size_t)r * row_bytes, k, &err),
-                     NM_OK);
-    }
-    free(row);
-    *first = (nm_mat){.data = data, .type = type, .n = n, .k = k, .row_bytes = row_bytes};
-    *stride = (size_t)n * row_bytes;
-    return data;
-}
-
-static synth synth_new(uint32_t type, int32_t n_expert, int64_t d_model, int64_t d_ff) {
-    synth s = {.w.n_expert = n_expert};
-    s.data[0] = stack_new(type, n_expert, d_ff, d_model, &s.w.gate, &s.w.gate_stride);
-    s.data[1] = stack_new(type, n_expert, d_ff, d_model, &s.w.up, &s.w.up_stride);
-    s.data[2] = stack_new(type, n_expert, d_model, d_ff, &s.w.down, &s.w.down_stride);
-    return s;
-}
-
-static void synth_free(synth *s) {
-    for (int i = 0; i < 3; i++)
-        free(s->data[i]);
-}
-
 /* ---- graphs against the host ---- */
 
 /* The worst row error (TOL's measure) of a graph run over random rows. */
@@ -131,7 +89,8 @@ static double run_graph(nm_device *dev, const nm_expert_weights *w, int32_t n, c
 
 static void check_type(nm_device *dev, uint32_t type) {
     enum { N_EXPERT = 6 };
-    synth s = synth_new(type, N_EXPERT, 256, 256); /* K-quants need rows of 256 */
+    nm_test_experts s =
+        nm_test_experts_new(type, N_EXPERT, 256, 256, rng_float); /* K-quants need rows of 256 */
     nm_device_stats s0, s1;
     dev->ops->stats(dev, &s0);
     const int32_t ex[3] = {4, 0, 5}, cap[3] = {3, 1, 6};
@@ -154,12 +113,12 @@ static void check_type(nm_device *dev, uint32_t type) {
     const uint64_t mat = read ? s.w.gate.n * s.w.gate.row_bytes : 256 * 256 * 4;
     CHECK_INT_EQ(s1.upload_bytes - s0.upload_bytes, 3 * 3 * mat);
     CHECK_INT_EQ(s1.device_bytes, s0.device_bytes); /* freed */
-    synth_free(&s);
+    nm_test_experts_free(&s);
 }
 
 /* Several graphs in flight, waited in reverse order, each still right. */
 static void check_in_flight(nm_device *dev) {
-    synth s = synth_new(NM_DTYPE_Q8_0, 4, 64, 96);
+    nm_test_experts s = nm_test_experts_new(NM_DTYPE_Q8_0, 4, 64, 96, rng_float);
     enum { N = 3 };
     nm_graph *g[N];
     int32_t ex[N][1], cap[N][1];
@@ -193,13 +152,13 @@ static void check_in_flight(nm_device *dev) {
         free(want[k]);
         dev->ops->graph_free(g[k]);
     }
-    synth_free(&s);
+    nm_test_experts_free(&s);
 }
 
 /* A budget too small for a graph: refused with the numbers; a repacked
  * (host-only) layout: refused, saying what to do. */
 static void check_refusals(void) {
-    synth s = synth_new(NM_DTYPE_F32, 2, 64, 64);
+    nm_test_experts s = nm_test_experts_new(NM_DTYPE_F32, 2, 64, 64, rng_float);
     const int32_t ex[1] = {1}, cap[1] = {4};
     const nm_ffn_spec spec = {
         .n_experts = 1, .experts = ex, .capacity = cap, .d_model = 64, .d_ff = 64, .weights = &s.w};
@@ -243,7 +202,7 @@ static void check_refusals(void) {
         CHECK_INT_EQ(nm_device_check(dev, &err), NM_OK);
         nm_device_free(dev);
     }
-    synth_free(&s);
+    nm_test_experts_free(&s);
 }
 
 /* ---- listing and names ---- */
