@@ -58,6 +58,7 @@ typedef struct bench {
     int32_t chunk;
     int32_t n_layer;
     double predicted_chunk_ms; /* the plan's, 0 without a plan */
+    nm_plan *plan;             /* for its predicted overflow; NULL without one */
     cell *cells;               /* [n_lengths][n_modes] */
 } bench;
 
@@ -112,6 +113,12 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
                 b->lengths[li], b->predicted_chunk_ms, measured,
                 100.0 * (measured / b->predicted_chunk_ms - 1.0));
     }
+    for (int li = 0; b->plan && li < b->n_lengths; li++)
+        for (int mi = 0; mi < b->n_modes; mi++) {
+            if (b->modes[mi] == NM_MODE_DENSE || b->modes[mi] == NM_MODE_NAIVE) continue;
+            fprintf(f, "\n%s, prompt %d:\n", nm_mode_name(b->modes[mi]), b->lengths[li]);
+            print_overflow_prediction(f, b->plan, &at(b, li, mi)->total);
+        }
     fprintf(f,
             "\nTTFT: prefill of the whole prompt plus sampling the first token; ratios are of "
             "median TTFT (higher = faster than that mode). Device: %s; chunk %d; %d "
@@ -295,7 +302,7 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     if (o->plan) st = nm_plan_load(o->plan, model, &plan, &err);
     b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
     b.predicted_chunk_ms = plan ? plan->predicted_chunk_ms : 0.0;
-    nm_plan_free(plan);
+    b.plan = plan;
     nm_model_info mi;
     nm_model_get_info(model, &mi);
     b.n_layer = mi.n_layer;
@@ -325,6 +332,7 @@ int cmd_bench(nm_model *model, const cli_options *o) {
                  write_report(o->output, "svg", &b, device, svg_writer);
     }
     free(b.cells);
+    nm_plan_free(b.plan);
     free(ids);
     free(text);
     return rc;
