@@ -1009,6 +1009,22 @@ static void test_planner_budget(const nm_model *m, const nm_calib *c) {
     }
     nm_plan_free(p);
     nm_plan_free(q);
+    /* a budget beyond every expert holding a whole chunk is that */
+    nm_plan_params big = nm_plan_default_params();
+    big.budget_rows = (int64_t)1 << 40;
+    p = make_plan(m, c, &prof, &big);
+    for (int l = 0; p && l < N_LAYER; l++) {
+        CHECK_INT_EQ(p->budget_rows[l], N_EXPERT * T);
+        CHECK_NEAR(plan_loss(p, c, l, false), 0, 0);
+    }
+    if (p) {
+        nm_error e2 = {0};
+        nm_plan *r = NULL;
+        CHECK_INT_EQ(nm_plan_save(p, TMP("big.plan.json"), &e2), NM_OK);
+        CHECK_INT_EQ(nm_plan_load(TMP("big.plan.json"), m, &r, &e2), NM_OK);
+        nm_plan_free(r);
+    }
+    nm_plan_free(p);
     /* 0.0004 ms per row: 0.01602 ms is 40 rows */
     double row_ms = 0;
     nm_error err = {0};

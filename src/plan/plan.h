@@ -186,7 +186,8 @@ typedef struct nm_plan_params {
                         budget objective's default budget is the rows
                         this rule reserves, layer by layer */
     /* budget: rows per layer and chunk (sum of the experts' capacities), at
-     * least n_expert * granule; 0 = budget_ms, or else the quantile rule's */
+     * least n_expert * granule, at most n_expert * chunk (a larger one is
+     * taken as that); 0 = budget_ms, or else the quantile rule's */
     int64_t budget_rows;
     /* budget: > 0 = device time per layer and chunk, turned into rows by
      * the profile's per-row cost (nm_plan_row_ms) */

@@ -254,7 +254,7 @@ static nm_status read_budget(const nm_json *layer, int32_t l, nm_plan *plan, nm_
     for (int32_t g = 0; g < lp->n_groups; g++)
         rows += (int64_t)lp->groups[g].n_experts * lp->groups[g].capacity;
     nm_status st =
-        nm_json_get_int(layer, "budget_rows", 0, (int64_t)plan->moe.n_expert * plan->moe.chunk * 2,
+        nm_json_get_int(layer, "budget_rows", 0, (int64_t)plan->moe.n_expert * plan->moe.chunk,
                         &budget, where, err);
     if (st != NM_OK) return st;
     plan->budget_rows[l] = budget;

@@ -626,7 +626,9 @@ static nm_status set_budgets(planner *pl, nm_error *err) {
         else if (!rows)
             for (int32_t e = 0; e < plan->moe.n_expert; e++)
                 rows += tiers[quantile_tier(pl, l, e, tiers, n)];
-        plan->budget_rows[l] = rows;
+        /* no expert holds more than a chunk: a larger budget buys nothing */
+        const int64_t all = (int64_t)plan->moe.n_expert * plan->moe.chunk;
+        plan->budget_rows[l] = rows < all ? rows : all;
     }
     return NM_OK;
 }
