@@ -287,6 +287,32 @@ static void check_prediction(const nm_calib *c, const raw_loads *raw, int l, int
     }
 }
 
+/* Long chunks: loads of 1,500 (exp(-1500) underflows a double) predict
+ * about their own mean, and the prediction beyond the largest loads fades. */
+static void test_predict_large(const nm_model *m) {
+    enum { BIG = 2048 };
+    nm_calib *c = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_calib_new(m, BIG, &c, &err), NM_OK);
+    if (!c) return;
+    const int32_t loads[N_EXPERT] = {1500, 1500, 1000, 96, 0, 0, 0, 0};
+    static float w[BIG * K];
+    for (int i = 0; i < BIG * K; i++)
+        w[i] = 0.5f;
+    for (int l = 0; l < N_LAYER; l++)
+        nm_calib_record(c, l, loads, N_EXPERT, w);
+    static double pred[BIG + 1];
+    nm_calib_predict_overflow(c, 1, 0, false, pred);
+    CHECK_NEAR(pred[0], 1500, 1e-6);                /* E[min(Poisson(1500), 2048)] */
+    CHECK(pred[1500] > 10 && pred[1500] < 20);      /* E[(Y - 1500)+] = sqrt(1500 / 2 pi) ~ 15.5 */
+    CHECK(pred[1800] >= 0 && pred[1800] < 1e-9);    /* 7.7 standard deviations out */
+    nm_calib_predict_overflow(c, 1, 0, true, pred); /* every weight 0.5 */
+    CHECK_NEAR(pred[0], 750, 1e-6);
+    nm_calib_predict_overflow(c, 1, 4, false, pred); /* never used */
+    CHECK_NEAR(pred[0], 0, 0);
+    nm_calib_free(c);
+}
+
 static void test_calib_stats(const nm_model *m, const raw_loads *raw, const nm_calib *c) {
     CHECK_INT_EQ(c->n_chunks, N_CHUNKS);
     CHECK_INT_EQ(c->n_tokens, raw->n_tokens);
@@ -1651,6 +1677,7 @@ int main(void) {
     nm_calib *c = calib_from(tiny, &raw);
     if (c) {
         test_calib_stats(tiny, &raw, c);
+        test_predict_large(tiny);
         test_calib_files(tiny, c);
         test_profile_overhead();
         test_profile_files();

@@ -191,12 +191,14 @@ void nm_calib_predict_overflow(const nm_calib *calib, int32_t layer, int32_t exp
         out[r] = 0;
     for (int32_t x = 0; n > 0 && x <= T; x++) {
         if (!h[x]) continue;
-        const double share = (double)h[x] / n;
-        double p = exp(-(double)x), cdf = 0; /* P(Poisson(x) = r), P(< r) */
+        const double share = (double)h[x] / n, log_x = log((double)x);
+        double cdf = 0; /* P(Poisson(x) < r) */
         for (int32_t r = 0; r <= T; r++) {
-            out[r] += share * fmax(0.0, 1.0 - cdf);
-            cdf += p;
-            p *= (double)x / (double)(r + 1);
+            const double tail = fmax(0.0, 1.0 - cdf);
+            if (r > x && tail < 1e-17) break; /* the rest adds nothing a double keeps */
+            out[r] += share * tail;
+            /* in logs: exp(-x) underflows for loads past 745 */
+            cdf += x == 0 ? (r == 0) : exp((double)r * log_x - (double)x - lgamma((double)r + 1));
         }
     }
     /* out[r] becomes what rank r (1-based) loses when dropped: P(load >= r)
