@@ -420,6 +420,7 @@ def main():
                    "-o", prefix])
     out = r.stdout.decode()
     check(r.returncode == 0 and "| 128 | npumoe |" in out and "spill rate:    predicted" in out
+          and "npumoe, prompt 128:\nspill" not in out
           and all(
         os.path.exists(prefix + ext) for ext in [".md", ".json", ".svg"]), "bench writes its reports",
         out[-400:] + r.stderr.decode()[-300:])

@@ -115,7 +115,9 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
     }
     for (int li = 0; b->plan && li < b->n_lengths; li++)
         for (int mi = 0; mi < b->n_modes; mi++) {
-            if (b->modes[mi] == NM_MODE_DENSE || b->modes[mi] == NM_MODE_NAIVE) continue;
+            /* npumoe mode: the host groups keep everything, so the plan's
+             * capacities, and what it predicts, apply only in tiers and grouped */
+            if (b->modes[mi] != NM_MODE_TIERS && b->modes[mi] != NM_MODE_GROUPED) continue;
             fprintf(f, "\n%s, prompt %d:\n", nm_mode_name(b->modes[mi]), b->lengths[li]);
             print_overflow_prediction(f, b->plan, &at(b, li, mi)->total);
         }

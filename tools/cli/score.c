@@ -106,7 +106,10 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
             printf("perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
         }
         if (!o->json) print_metrics_text(stderr, &mt);
-        if (!o->json && used_plan) print_overflow_prediction(stderr, used_plan, &mt.total);
+        /* npumoe mode: the host groups keep everything, so the plan's
+         * capacities, and what it predicts, apply only in tiers and grouped */
+        if (!o->json && used_plan && (mt.mode == NM_MODE_TIERS || mt.mode == NM_MODE_GROUPED))
+            print_overflow_prediction(stderr, used_plan, &mt.total);
     }
     free(ids);
     close_session(&ref_cs);
