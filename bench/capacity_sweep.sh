@@ -23,7 +23,7 @@ for q in ${QUANTILES:-0.5 0.8 0.9 0.95 0.99}; do
   for overflow in drop spill; do
     for salience in ${SALIENCES:-router residual-norm input-norm}; do
       [ "$overflow" = spill ] && [ "$salience" != router ] && continue # salience only matters for drop
-      $np plan -m "$model" --calib "$work/calib.json" --profile "$work/profile.json" --quantile "$q" \
+      $np plan -m "$model" --calib "$work/calib.json" --profile "$work/profile.json" --objective quantile --quantile "$q" \
         --overflow "$overflow" --salience "$salience" -o "$work/plan.json" >/dev/null
       cmp=$($np compare -m "$model" -f "$eval_text" --ctx "$ctx" --plan "$work/plan.json" \
         --mode grouped --json 2>/dev/null)

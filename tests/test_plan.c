@@ -177,6 +177,7 @@ enum { N_CHUNKS = 57 };
 /* Raw per-chunk loads, kept for the brute-force statistics. */
 typedef struct raw_loads {
     int32_t loads[N_CHUNKS][N_LAYER][N_EXPERT];
+    float w[N_CHUNKS][N_LAYER][N_EXPERT][T]; /* each assignment's weight, in token order */
     int64_t n_tokens;
 } raw_loads;
 
@@ -212,7 +213,7 @@ static void make_loads(raw_loads *raw) {
                             dup |= chosen[p] == e;
                     } while (dup);
                     chosen[s] = e;
-                    raw->loads[c][l][e]++;
+                    raw->w[c][l][e][raw->loads[c][l][e]++] = (float)(1 + rng() % 1000) / 1000.0f;
                 }
             }
     }
@@ -237,9 +238,101 @@ static nm_calib *calib_from(const nm_model *m, const raw_loads *raw) {
     CHECK_INT_EQ(nm_calib_new(m, T, &c, &err), NM_OK);
     if (!c) return NULL;
     for (int i = 0; i < N_CHUNKS; i++)
-        for (int l = 0; l < N_LAYER; l++)
-            nm_calib_record(c, l, raw->loads[i][l], N_EXPERT);
+        for (int l = 0; l < N_LAYER; l++) {
+            float w[N_EXPERT * T];
+            int n = 0;
+            for (int e = 0; e < N_EXPERT; e++)
+                for (int r = 0; r < raw->loads[i][l][e]; r++)
+                    w[n++] = raw->w[i][l][e][r];
+            nm_calib_record(c, l, raw->loads[i][l], N_EXPERT, w);
+        }
     return c;
+}
+
+/* nm_calib_predict_overflow against its definition, term by term: each
+ * chunk's load x stands for a Poisson(x) load y capped at T (pmf from
+ * lgamma); the weight of rank r is the running minimum of the mean r-th
+ * heaviest weight over the chunks with load >= r, held past the largest. */
+static void check_prediction(const nm_calib *c, const raw_loads *raw, int l, int e) {
+    double w_rank[T + 1] = {0}, w = INFINITY;
+    for (int r = 1; r <= T; r++) {
+        double sum = 0;
+        int reach = 0;
+        for (int i = 0; i < N_CHUNKS; i++) {
+            const int32_t x = raw->loads[i][l][e];
+            if (x < r) continue;
+            float v[T];
+            memcpy(v, raw->w[i][l][e], (size_t)x * sizeof(float));
+            for (int a = 1; a < x; a++)
+                for (int b = a; b > 0 && v[b] > v[b - 1]; b--) {
+                    const float t = v[b];
+                    v[b] = v[b - 1];
+                    v[b - 1] = t;
+                }
+            sum += v[r - 1];
+            reach++;
+        }
+        if (reach) w = fmin(w, sum / reach);
+        w_rank[r] = isfinite(w) ? w : 0;
+    }
+    double by_count[T + 1], by_weight[T + 1];
+    nm_calib_predict_overflow(c, l, e, false, by_count);
+    nm_calib_predict_overflow(c, l, e, true, by_weight);
+    for (int32_t cap = 0; cap <= T; cap++) {
+        double want = 0, want_w = 0;
+        for (int i = 0; i < N_CHUNKS; i++) {
+            const double x = raw->loads[i][l][e];
+            double tail = 1; /* P(y >= T) */
+            for (int y = 0; y < T; y++) {
+                const double p = x == 0 ? (y == 0) : exp(y * log(x) - x - lgamma(y + 1.0));
+                tail -= p;
+                for (int r = cap + 1; r <= y; r++) {
+                    want += p;
+                    want_w += p * w_rank[r];
+                }
+            }
+            for (int r = cap + 1; r <= T; r++) {
+                want += fmax(tail, 0);
+                want_w += fmax(tail, 0) * w_rank[r];
+            }
+        }
+        CHECK_NEAR(by_count[cap], want / N_CHUNKS, 1e-9);
+        CHECK_NEAR(by_weight[cap], want_w / N_CHUNKS, 1e-9);
+        /* convex and non-increasing */
+        if (cap >= 1) CHECK(by_weight[cap] <= by_weight[cap - 1] + 1e-15);
+        if (cap >= 2)
+            CHECK(by_weight[cap - 1] - by_weight[cap] <=
+                  by_weight[cap - 2] - by_weight[cap - 1] + 1e-12);
+        if (cap >= 2)
+            CHECK(by_count[cap - 1] - by_count[cap] <=
+                  by_count[cap - 2] - by_count[cap - 1] + 1e-12);
+    }
+}
+
+/* Long chunks: loads of 1,500 (exp(-1500) underflows a double) predict
+ * about their own mean, and the prediction beyond the largest loads fades. */
+static void test_predict_large(const nm_model *m) {
+    enum { BIG = 2048 };
+    nm_calib *c = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_calib_new(m, BIG, &c, &err), NM_OK);
+    if (!c) return;
+    const int32_t loads[N_EXPERT] = {1500, 1500, 1000, 96, 0, 0, 0, 0};
+    static float w[BIG * K];
+    for (int i = 0; i < BIG * K; i++)
+        w[i] = 0.5f;
+    for (int l = 0; l < N_LAYER; l++)
+        nm_calib_record(c, l, loads, N_EXPERT, w);
+    static double pred[BIG + 1];
+    nm_calib_predict_overflow(c, 1, 0, false, pred);
+    CHECK_NEAR(pred[0], 1500, 1e-6);                /* E[min(Poisson(1500), 2048)] */
+    CHECK(pred[1500] > 10 && pred[1500] < 20);      /* E[(Y - 1500)+] = sqrt(1500 / 2 pi) ~ 15.5 */
+    CHECK(pred[1800] >= 0 && pred[1800] < 1e-9);    /* 7.7 standard deviations out */
+    nm_calib_predict_overflow(c, 1, 0, true, pred); /* every weight 0.5 */
+    CHECK_NEAR(pred[0], 750, 1e-6);
+    nm_calib_predict_overflow(c, 1, 4, false, pred); /* never used */
+    CHECK_NEAR(pred[0], 0, 0);
+    nm_calib_free(c);
 }
 
 static void test_calib_stats(const nm_model *m, const raw_loads *raw, const nm_calib *c) {
@@ -267,6 +360,29 @@ static void test_calib_stats(const nm_model *m, const raw_loads *raw, const nm_c
             /* the textbook index form for q = 0.5 and 0.9: ceil(q n) - 1 */
             CHECK_INT_EQ(nm_calib_quantile(c, l, e, 0.5), v[(int)ceil(0.5 * N_CHUNKS) - 1]);
             CHECK_INT_EQ(nm_calib_quantile(c, l, e, 0.9), v[(int)ceil(0.9 * N_CHUNKS) - 1]);
+            /* overflow at every capacity: per chunk, the load beyond it and
+             * the weights of the lightest assignments beyond it */
+            for (int32_t cap = 0; cap <= T + 1; cap++) {
+                double over = 0, over_w = 0;
+                for (int i = 0; i < N_CHUNKS; i++) {
+                    const int32_t x = raw->loads[i][l][e];
+                    float w[T];
+                    memcpy(w, raw->w[i][l][e], (size_t)x * sizeof(float));
+                    for (int a = 1; a < x; a++) /* insertion sort, heaviest first */
+                        for (int b = a; b > 0 && w[b] > w[b - 1]; b--) {
+                            const float t = w[b];
+                            w[b] = w[b - 1];
+                            w[b - 1] = t;
+                        }
+                    for (int r = cap; r < x; r++) {
+                        over += 1;
+                        over_w += w[r];
+                    }
+                }
+                CHECK_NEAR(nm_calib_overflow(c, l, e, cap), over / N_CHUNKS, 1e-12);
+                CHECK_NEAR(nm_calib_overflow_weight(c, l, e, cap), over_w / N_CHUNKS, 1e-9);
+            }
+            check_prediction(c, raw, l, e);
         }
     /* an empty calibration answers 0 */
     nm_calib *empty = NULL;
@@ -298,6 +414,8 @@ static void test_calib_files(const nm_model *m, const nm_calib *c) {
         CHECK_INT_EQ(r->n_tokens, c->n_tokens);
         const size_t cells = (size_t)N_LAYER * N_EXPERT * (T + 1);
         CHECK(memcmp(r->hist, c->hist, cells * sizeof(int64_t)) == 0);
+        /* the ranked weight sums come back exactly (zero past each max) */
+        CHECK(memcmp(r->ranked, c->ranked, (size_t)N_LAYER * N_EXPERT * T * sizeof(double)) == 0);
         CHECK_INT_EQ(nm_calib_check_model(r, m, &err), NM_OK);
     }
     nm_calib_free(r);
@@ -312,8 +430,9 @@ static void test_calib_files(const nm_model *m, const nm_calib *c) {
 
     /* a recording stopped inside a forward pass is not saved */
     const int32_t loads[N_EXPERT] = {2, 0, 0, 0, 0, 0, 0, 0};
-    nm_calib_record(empty, 0, loads, N_EXPERT);
-    nm_calib_record(empty, 1, loads, N_EXPERT);
+    const float w[2] = {0.5f, 0.5f};
+    nm_calib_record(empty, 0, loads, N_EXPERT, w);
+    nm_calib_record(empty, 1, loads, N_EXPERT, w);
     CHECK_INT_EQ(nm_calib_save(empty, TMP("partial.calib.json"), &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "layer 2 expert 0 recorded 0 chunks");
     nm_calib_free(empty);
@@ -404,9 +523,13 @@ static nm_calib *constant_calib(const nm_model *m) {
     for (int chunk = 0; chunk < 10; chunk++)
         for (int l = 0; l < N_LAYER; l++) {
             int32_t loads[N_EXPERT];
+            float w[T * K];
             for (int i = 0; i < N_EXPERT; i++)
                 loads[(i + 3 * l) % N_EXPERT] = base_loads[i];
-            nm_calib_record(c, l, loads, N_EXPERT);
+            for (int a = 0, e = 0; e < N_EXPERT; e++) /* 1, 1/2, 1/3, ... within each expert */
+                for (int r = 0; r < loads[e]; r++)
+                    w[a++] = 1.0f / (float)(r + 1);
+            nm_calib_record(c, l, loads, N_EXPERT, w);
         }
     return c;
 }
@@ -425,17 +548,27 @@ static const nm_moe_group *group_of(const nm_plan *p, int l, int rank) {
 static void check_invariants(const nm_plan *p, const nm_calib *c, const nm_plan_params *pp) {
     nm_error err = {0};
     CHECK_INT_EQ(nm_moe_plan_check(&p->moe, c->n_layer, c->n_expert, &err), NM_OK);
-    double sum = 0;
+    double sum = 0, over = 0;
     int32_t max_group = pp && pp->max_group_experts ? pp->max_group_experts : 8;
     const double q = pp ? pp->quantile : 0.95;
+    CHECK_INT_EQ(p->objective, pp ? pp->objective : NM_PLAN_BUDGET);
     for (int l = 0; l < p->moe.n_layer; l++) {
         const nm_plan_cost *cost = &p->layer_cost[l];
         CHECK_NEAR(cost->chunk_ms, fmax(cost->device_ms, cost->host_ms), 1e-12);
         sum += cost->chunk_ms;
+        int64_t rows = 0;
         for (int g = 0; g < p->moe.layers[l].n_groups; g++) {
             const nm_moe_group *grp = &p->moe.layers[l].groups[g];
             CHECK(grp->n_experts <= max_group);
+            rows += (int64_t)grp->n_experts * grp->capacity;
             for (int i = 0; i < grp->n_experts; i++) {
+                double pred[T + 1];
+                nm_calib_predict_overflow(c, l, grp->experts[i], false, pred);
+                over += pred[grp->capacity];
+                if (p->objective == NM_PLAN_BUDGET) {
+                    CHECK_INT_EQ(grp->capacity % p->granule, 0);
+                    continue;
+                }
                 /* the smallest tier covering the quantile, else the largest */
                 const int32_t need = nm_calib_quantile(c, l, grp->experts[i], q);
                 int32_t want = p->tiers[p->n_tiers - 1];
@@ -444,8 +577,21 @@ static void check_invariants(const nm_plan *p, const nm_calib *c, const nm_plan_
                 CHECK_INT_EQ(grp->capacity, want);
             }
         }
+        /* within the budget; a quantile plan's budget is what it reserves */
+        CHECK(rows <= p->budget_rows[l]);
+        if (p->objective == NM_PLAN_QUANTILE) CHECK_INT_EQ(rows, p->budget_rows[l]);
     }
     CHECK_NEAR(p->predicted_chunk_ms, sum, 1e-9);
+    /* the expected share of assignments over capacity on the calibration */
+    const double per_chunk = (double)c->n_tokens * c->k / (double)c->n_chunks * c->n_layer;
+    CHECK_NEAR(p->predicted_drop_rate, over / per_chunk, 1e-12);
+}
+
+/* The defaults with the quantile objective. */
+static nm_plan_params qparams(void) {
+    nm_plan_params pp = nm_plan_default_params();
+    pp.objective = NM_PLAN_QUANTILE;
+    return pp;
 }
 
 static nm_plan *make_plan(const nm_model *m, const nm_calib *c, const nm_profile *prof,
@@ -470,6 +616,7 @@ static int count_device_groups(const nm_plan *p) {
 static void test_planner_known(const nm_model *m) {
     nm_calib *c = constant_calib(m);
     if (!c) return;
+    const nm_plan_params qp = qparams();
     /* Host cost of an expert with load x in every chunk: 0.05 + 0.01 x when
      * x > 0, else 0; per layer 5 * 0.05 + 0.01 * 32 = 0.57. Default tiers
      * for T = 16: 1 2 4 8 16; needs 12 8 6 4 2 0 0 0 -> tiers 16 8 8 4 2 1 1 1. */
@@ -477,7 +624,7 @@ static void test_planner_known(const nm_model *m) {
 
     /* A: dispatch of a second: everything on the host. */
     nm_profile prof = make_profile(1000, 0.001);
-    nm_plan *p = make_plan(m, c, &prof, NULL);
+    nm_plan *p = make_plan(m, c, &prof, &qp);
     if (p) {
         CHECK_INT_EQ(p->n_tiers, 5);
         CHECK_INT_EQ(p->tiers[0], 1);
@@ -494,7 +641,7 @@ static void test_planner_known(const nm_model *m) {
          * scales to the plan's 16: a quarter of it is added to every layer */
         prof.chunk = 64;
         prof.host_overhead_ms = 0.2;
-        p = make_plan(m, c, &prof, NULL);
+        p = make_plan(m, c, &prof, &qp);
         for (int l = 0; p && l < N_LAYER; l++)
             CHECK_NEAR(p->layer_cost[l].host_ms, all_host_ms + 0.05, 1e-12);
         if (p) CHECK_NEAR(p->predicted_chunk_ms, 3 * (all_host_ms + 0.05), 1e-12);
@@ -517,7 +664,7 @@ static void test_planner_known(const nm_model *m) {
      * 2: one graph of 2 costs 0.016 like two of 1, and ties go to fewer
      * graphs. device_ms = 0.016 + 0.016 + 0.004 + 0.002. */
     prof = make_profile(0, 0.001);
-    p = make_plan(m, c, &prof, NULL);
+    p = make_plan(m, c, &prof, &qp);
     if (p) {
         for (int l = 0; l < N_LAYER; l++) {
             for (int r = 0; r < 5; r++)
@@ -538,7 +685,7 @@ static void test_planner_known(const nm_model *m) {
     nm_plan_free(p);
 
     /* C: the same with a budget of 0 bytes: all on the host. */
-    nm_plan_params pp = nm_plan_default_params();
+    nm_plan_params pp = qparams();
     pp.device_memory_bytes = 0;
     p = make_plan(m, c, &prof, &pp);
     if (p) {
@@ -567,7 +714,7 @@ static void test_planner_known(const nm_model *m) {
      * graph: 0.116 < 0.13 + 0.11, device (as two graphs 0.216: worse).
      * rank 3: 0.104 > 0.09 and rank 4: 0.102 > 0.07, host. */
     prof = make_profile(0.1, 0.001);
-    p = make_plan(m, c, &prof, NULL);
+    p = make_plan(m, c, &prof, &qp);
     if (p) {
         for (int l = 0; l < N_LAYER; l++) {
             CHECK(group_of(p, l, 0)->on_device);
@@ -586,7 +733,7 @@ static void test_planner_known(const nm_model *m) {
      * the host: 0.43 per layer, as groups of 1; ties go to the larger. */
     prof = make_profile(0, 0.001);
     const int32_t two[] = {2};
-    pp = nm_plan_default_params();
+    pp = qparams();
     pp.tiers = two;
     pp.n_tiers = 1;
     p = make_plan(m, c, &prof, &pp);
@@ -613,7 +760,7 @@ static void test_planner_known(const nm_model *m) {
     nm_plan_free(p);
 
     /* G: at most one expert per graph. */
-    pp = nm_plan_default_params();
+    pp = qparams();
     pp.max_group_experts = 1;
     p = make_plan(m, c, &prof, &pp);
     if (p)
@@ -624,7 +771,7 @@ static void test_planner_known(const nm_model *m) {
     /* H: a quantile of 0.5 on constant loads changes nothing; custom tiers
      * that do not reach the load give the largest. */
     const int32_t small[] = {3, 5};
-    pp = nm_plan_default_params();
+    pp = qparams();
     pp.tiers = small;
     pp.n_tiers = 2;
     pp.quantile = 0.5;
@@ -643,7 +790,7 @@ static void test_planner_refusals(const nm_model *m, const nm_model *other, cons
     nm_profile prof = make_profile(0.1, 0.001);
     nm_plan *p = NULL;
     nm_error err = {0};
-    nm_plan_params pp = nm_plan_default_params();
+    nm_plan_params pp = qparams();
     if (other) {
         nm_fingerprint fo, fm;
         nm_model_fingerprint(other, &fo);
@@ -671,7 +818,7 @@ static void test_planner_refusals(const nm_model *m, const nm_model *other, cons
         CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
         CHECK_MSG(err, "quantile");
     }
-    pp = nm_plan_default_params();
+    pp = qparams();
     const int32_t unsorted[] = {4, 2}, too_big[] = {4, 17};
     pp.tiers = unsorted;
     pp.n_tiers = 2;
@@ -680,6 +827,31 @@ static void test_planner_refusals(const nm_model *m, const nm_model *other, cons
     pp.tiers = too_big;
     CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "tier 17");
+    /* the budget objective's own */
+    pp = nm_plan_default_params();
+    pp.tiers = too_big;
+    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "tiers are for the quantile objective");
+    pp = nm_plan_default_params();
+    pp.granule = 3;
+    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "granule 3: expected a divisor of the chunk (16)");
+    pp.granule = 2;
+    pp.budget_rows = 15;
+    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "layer 0: a budget of 15 rows per chunk is less than the smallest tier, 2 rows");
+    pp.budget_rows = -1;
+    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "budget of -1 rows");
+    pp = qparams();
+    pp.budget_rows = 64;
+    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "for the budget objective");
+    pp = nm_plan_default_params();
+    pp.budget_ms = 1;
+    nm_profile flat = make_profile(0.1, 0); /* every graph costs one dispatch */
+    CHECK_INT_EQ(nm_plan_make(m, c, &flat, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "no per-row cost");
     nm_calib *empty = NULL;
     CHECK_INT_EQ(nm_calib_new(m, T, &empty, &err), NM_OK);
     if (empty) {
@@ -709,6 +881,212 @@ static void test_planner_random(const nm_model *m, const nm_calib *c) {
     nm_plan_free(p);
 }
 
+/* ---- the budgeted allocation ---- */
+
+/* The least total loss over every allocation of at most budget steps,
+ * enumerated: (m + 1)^n of them. */
+static double exhaustive_min(const double *loss, int n, int m, int64_t budget) {
+    int32_t steps[8] = {0};
+    double best = INFINITY;
+    for (;;) {
+        int64_t used = 0;
+        double total = 0;
+        for (int e = 0; e < n; e++) {
+            used += steps[e];
+            total += loss[e * (m + 1) + steps[e]];
+        }
+        if (used <= budget && total < best) best = total;
+        int e = 0;
+        while (e < n && steps[e] == m)
+            steps[e++] = 0;
+        if (e == n) return best;
+        steps[e]++;
+    }
+}
+
+static double allocation_loss(const double *loss, int n, int m, const int32_t *steps) {
+    double total = 0;
+    for (int e = 0; e < n; e++)
+        total += loss[e * (m + 1) + steps[e]];
+    return total;
+}
+
+/* nm_plan_allocate against exhaustive search: random convex decreasing
+ * losses (with ties and flat stretches, on a grid of eighths) and the
+ * overflow of calibrated experts, every budget from none to more than all
+ * steps. */
+static void test_allocate_exhaustive(const nm_calib *c) {
+    double loss[6 * 6];
+    int32_t steps[6];
+    int n_cases = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        const int n = 2 + trial % 4, m = 1 + (trial / 4) % 5;
+        for (int e = 0; e < n; e++) {
+            double d[6];
+            for (int j = 0; j < m; j++)
+                d[j] = (double)(rng() % 9) / 8; /* 0, 1/8, ..., 1: ties are common */
+            for (int j = 1; j < m; j++)         /* sorted descending: convex */
+                for (int i = j; i > 0 && d[i] > d[i - 1]; i--) {
+                    const double t = d[i];
+                    d[i] = d[i - 1];
+                    d[i - 1] = t;
+                }
+            loss[e * (m + 1)] = 4 + (double)(rng() % 8);
+            for (int j = 1; j <= m; j++)
+                loss[e * (m + 1) + j] = loss[e * (m + 1) + j - 1] - d[j - 1];
+        }
+        for (int64_t budget = 0; budget <= (int64_t)n * m + 1; budget++) {
+            nm_plan_allocate(loss, n, m, budget, steps);
+            int64_t used = 0;
+            for (int e = 0; e < n; e++) {
+                CHECK(steps[e] >= 0 && steps[e] <= m);
+                used += steps[e];
+            }
+            CHECK(used <= budget);
+            CHECK_NEAR(allocation_loss(loss, n, m, steps), exhaustive_min(loss, n, m, budget),
+                       1e-12);
+            n_cases++;
+        }
+    }
+    /* calibrated experts: 4 of a layer at capacities 2, 4, ..., 16 (7 steps
+     * past the first), by weight and by count */
+    for (int l = 0; l < N_LAYER; l++)
+        for (int by_weight = 0; by_weight < 2; by_weight++) {
+            const int n = 4, m = 7;
+            double cl[4 * 8];
+            for (int e = 0; e < n; e++)
+                for (int j = 0; j <= m; j++) {
+                    const int32_t cap = 2 * (j + 1), id = (2 * e + l) % N_EXPERT;
+                    double pred[T + 1];
+                    nm_calib_predict_overflow(c, l, id, by_weight, pred);
+                    cl[e * (m + 1) + j] = pred[cap];
+                }
+            for (int64_t budget = 0; budget <= n * m; budget++) {
+                nm_plan_allocate(cl, n, m, budget, steps);
+                CHECK_NEAR(allocation_loss(cl, n, m, steps), exhaustive_min(cl, n, m, budget),
+                           1e-12);
+                n_cases++;
+            }
+        }
+    CHECK(n_cases > 1000);
+}
+
+/* Expected overflow per chunk of a layer's plan, by weight or count. */
+static double plan_loss(const nm_plan *p, const nm_calib *c, int l, bool by_weight) {
+    double total = 0;
+    for (int g = 0; g < p->moe.layers[l].n_groups; g++) {
+        const nm_moe_group *grp = &p->moe.layers[l].groups[g];
+        for (int i = 0; i < grp->n_experts; i++) {
+            double pred[T + 1];
+            nm_calib_predict_overflow(c, l, grp->experts[i], by_weight, pred);
+            total += pred[grp->capacity];
+        }
+    }
+    return total;
+}
+
+/* The planner's budget objective on skewed random loads: exactly the
+ * exhaustive optimum per layer (granule 4: 4^8 allocations), never worse
+ * than one flat capacity with the same rows, the default budget the
+ * quantile rule's rows, a budget in ms turned into rows, the predicted
+ * weight share. */
+static void test_planner_budget(const nm_model *m, const nm_calib *c) {
+    nm_profile prof = make_profile(0.06, 0.0004);
+    for (int by_weight = 0; by_weight < 2; by_weight++) {
+        nm_plan_params pp = nm_plan_default_params();
+        pp.overflow = by_weight ? NM_OVERFLOW_DROP : NM_OVERFLOW_SPILL;
+        pp.salience = NM_SALIENCE_ROUTER;
+        pp.granule = 4;
+        for (int64_t budget = 32; budget <= 80; budget += 12) {
+            pp.budget_rows = budget;
+            nm_plan *p = make_plan(m, c, &prof, &pp);
+            if (!p) continue;
+            CHECK_INT_EQ(p->n_tiers, 4);
+            CHECK_INT_EQ(p->granule, 4);
+            for (int l = 0; l < N_LAYER; l++) {
+                CHECK_INT_EQ(p->budget_rows[l], budget);
+                double loss[N_EXPERT * 4];
+                for (int e = 0; e < N_EXPERT; e++) {
+                    double pred[T + 1];
+                    nm_calib_predict_overflow(c, l, e, by_weight, pred);
+                    for (int j = 0; j < 4; j++)
+                        loss[e * 4 + j] = pred[4 * (j + 1)];
+                }
+                const double best = exhaustive_min(loss, N_EXPERT, 3, (budget - 32) / 4);
+                CHECK_NEAR(plan_loss(p, c, l, by_weight), best, 1e-9);
+            }
+            nm_plan_free(p);
+        }
+        /* granule 1 against one flat capacity f for every expert */
+        pp.granule = 1;
+        for (int32_t f = 1; f <= T; f++) {
+            pp.budget_rows = (int64_t)N_EXPERT * f;
+            nm_plan *p = make_plan(m, c, &prof, &pp);
+            for (int l = 0; p && l < N_LAYER; l++) {
+                double flat = 0;
+                for (int e = 0; e < N_EXPERT; e++) {
+                    double pred[T + 1];
+                    nm_calib_predict_overflow(c, l, e, by_weight, pred);
+                    flat += pred[f];
+                }
+                CHECK(plan_loss(p, c, l, by_weight) <= flat + 1e-12);
+            }
+            nm_plan_free(p);
+        }
+    }
+    /* the default budget: the rows of the quantile rule's plan */
+    nm_plan_params qp = qparams();
+    nm_plan *q = make_plan(m, c, &prof, &qp);
+    nm_plan *p = make_plan(m, c, &prof, NULL);
+    if (p && q) {
+        CHECK_INT_EQ(p->granule, 1); /* the smallest divisor of 16 >= 16/16 */
+        CHECK_INT_EQ(p->n_tiers, 16);
+        for (int l = 0; l < N_LAYER; l++)
+            CHECK_INT_EQ(p->budget_rows[l], q->budget_rows[l]);
+        /* the share of routing weight over capacity */
+        double w = 0, total = 0;
+        for (int l = 0; l < N_LAYER; l++) {
+            w += plan_loss(p, c, l, true);
+            for (int e = 0; e < N_EXPERT; e++) {
+                double pred[T + 1];
+                nm_calib_predict_overflow(c, l, e, true, pred);
+                total += pred[0];
+            }
+        }
+        CHECK_NEAR(p->predicted_drop_weight, w / total, 1e-12);
+    }
+    nm_plan_free(p);
+    nm_plan_free(q);
+    /* a budget beyond every expert holding a whole chunk is that */
+    nm_plan_params big = nm_plan_default_params();
+    big.budget_rows = (int64_t)1 << 40;
+    p = make_plan(m, c, &prof, &big);
+    for (int l = 0; p && l < N_LAYER; l++) {
+        CHECK_INT_EQ(p->budget_rows[l], N_EXPERT * T);
+        CHECK_NEAR(plan_loss(p, c, l, false), 0, 0);
+    }
+    if (p) {
+        nm_error e2 = {0};
+        nm_plan *r = NULL;
+        CHECK_INT_EQ(nm_plan_save(p, TMP("big.plan.json"), &e2), NM_OK);
+        CHECK_INT_EQ(nm_plan_load(TMP("big.plan.json"), m, &r, &e2), NM_OK);
+        nm_plan_free(r);
+    }
+    nm_plan_free(p);
+    /* 0.0004 ms per row: 0.01602 ms is 40 rows */
+    double row_ms = 0;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_plan_row_ms(&prof, &row_ms, &err), NM_OK);
+    CHECK_NEAR(row_ms, 0.0004, 1e-15);
+    nm_plan_params pp = nm_plan_default_params();
+    pp.budget_ms = 0.01602;
+    pp.granule = 1;
+    p = make_plan(m, c, &prof, &pp);
+    for (int l = 0; p && l < N_LAYER; l++)
+        CHECK_INT_EQ(p->budget_rows[l], 40);
+    nm_plan_free(p);
+}
+
 /* ---- plan files ---- */
 
 static void check_same_plan(const nm_plan *a, const nm_plan *b) {
@@ -720,6 +1098,12 @@ static void check_same_plan(const nm_plan *a, const nm_plan *b) {
     CHECK_INT_EQ(a->moe.overflow, b->moe.overflow);
     CHECK_INT_EQ(a->moe.salience, b->moe.salience);
     CHECK(a->quantile == b->quantile);
+    CHECK_INT_EQ(a->objective, b->objective);
+    CHECK_INT_EQ(a->granule, b->granule);
+    CHECK(a->predicted_drop_rate == b->predicted_drop_rate);
+    CHECK(a->predicted_drop_weight == b->predicted_drop_weight);
+    for (int l = 0; l < a->moe.n_layer && l < b->moe.n_layer; l++)
+        CHECK_INT_EQ(a->budget_rows[l], b->budget_rows[l]);
     CHECK(a->predicted_chunk_ms == b->predicted_chunk_ms);
     CHECK_INT_EQ(a->device_bytes, b->device_bytes);
     CHECK_INT_EQ(a->n_tiers, b->n_tiers);
@@ -743,9 +1127,37 @@ static void check_same_plan(const nm_plan *a, const nm_plan *b) {
 
 static void test_plan_files(const nm_model *m, const nm_model *other, const nm_calib *c) {
     nm_profile prof = make_profile(0.1, 0.001);
-    nm_plan *p = make_plan(m, c, &prof, NULL);
-    if (!p) return;
     nm_error err = {0};
+    /* a budgeted plan */
+    nm_plan_params bp = nm_plan_default_params();
+    bp.overflow = NM_OVERFLOW_DROP;
+    bp.granule = 4;
+    bp.budget_rows = 44;
+    nm_plan *p = make_plan(m, c, &prof, &bp);
+    if (p) {
+        CHECK_INT_EQ(nm_plan_save(p, TMP("budget.plan.json"), &err), NM_OK);
+        nm_plan *r = NULL;
+        CHECK_INT_EQ(nm_plan_load(TMP("budget.plan.json"), m, &r, &err), NM_OK);
+        if (r) check_same_plan(p, r);
+        nm_plan_free(r);
+        char *text = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&text, &n);
+        if (f) {
+            nm_plan_describe(p, f);
+            fclose(f);
+            CHECK(contains(text, "tiers:      4 8 12 16 (multiples of 4 rows: the least expected "
+                                 "dropped routing weight"));
+            CHECK(contains(text, "objective:  budget, 44 rows per layer and chunk"));
+            CHECK(contains(text, "overflow predicted on the calibration: "));
+            free(text);
+        }
+    }
+    nm_plan_free(p);
+
+    const nm_plan_params qp = qparams();
+    p = make_plan(m, c, &prof, &qp);
+    if (!p) return;
     CHECK_INT_EQ(nm_plan_save(p, TMP("a.plan.json"), &err), NM_OK);
     nm_plan *r = NULL;
     CHECK_INT_EQ(nm_plan_load(TMP("a.plan.json"), m, &r, &err), NM_OK);
@@ -793,18 +1205,23 @@ static void make_plan_text(const nm_model *m) {
     nm_fingerprint fp;
     nm_model_fingerprint(m, &fp);
     snprintf(plan_text, sizeof plan_text,
-             "{\"format\": \"npumoe-plan\", \"version\": 1, \"fingerprint\": \"%s\",\n"
+             "{\"format\": \"npumoe-plan\", \"version\": 2, \"fingerprint\": \"%s\",\n"
              " \"device\": \"cpu\", \"chunk\": 16, \"n_layer\": 3, \"n_expert\": 8,\n"
              " \"tiers\": [4, 16], \"overflow\": \"spill\", \"salience\": \"router\",\n"
-             " \"quantile\": 0.95, \"predicted_chunk_ms\": 6, \"device_bytes\": 1000,\n"
+             " \"objective\": \"quantile\", \"granule\": 0, \"quantile\": 0.95,\n"
+             " \"predicted_drop_rate\": 0.01, \"predicted_drop_weight\": 0.002,\n"
+             " \"predicted_chunk_ms\": 6, \"device_bytes\": 1000,\n"
              " \"layers\": [\n"
-             "  {\"groups\": [{\"tier\": 16, \"experts\": [3, 2, 1, 0], \"device\": true},\n"
+             "  {\"budget_rows\": 80,\n"
+             "   \"groups\": [{\"tier\": 16, \"experts\": [3, 2, 1, 0], \"device\": true},\n"
              "              {\"tier\": 4, \"experts\": [7, 6, 5, 4], \"device\": false}],\n"
              "   \"cost\": {\"device_ms\": 1, \"host_ms\": 2, \"chunk_ms\": 2}},\n"
-             "  {\"groups\": [{\"tier\": 16, \"experts\": [0, 1, 2, 3], \"device\": true},\n"
+             "  {\"budget_rows\": 80, \"groups\": [{\"tier\": 16, \"experts\": [0, 1, 2, 3], "
+             "\"device\": true},\n"
              "              {\"tier\": 4, \"experts\": [4, 5, 6, 7], \"device\": false}],\n"
              "   \"cost\": {\"device_ms\": 1, \"host_ms\": 2, \"chunk_ms\": 2}},\n"
-             "  {\"groups\": [{\"tier\": 16, \"experts\": [0, 1, 2, 3], \"device\": true},\n"
+             "  {\"budget_rows\": 80, \"groups\": [{\"tier\": 16, \"experts\": [0, 1, 2, 3], "
+             "\"device\": true},\n"
              "              {\"tier\": 4, \"experts\": [4, 5, 6, 7], \"device\": false}],\n"
              "   \"cost\": {\"device_ms\": 1, \"host_ms\": 2, \"chunk_ms\": 2}}]}\n",
              fp.hex);
@@ -813,13 +1230,13 @@ static void make_plan_text(const nm_model *m) {
 /* A valid calibration: 1 layer, 2 experts, top-1, chunks of 4. Chunk one:
  * 4 tokens, loads 3 and 1; chunk two: 2 tokens, loads 0 and 2. */
 static const char calib_text[] =
-    "{\"format\": \"npumoe-calib\", \"version\": 1, \"fingerprint\": \"0123456789abcdef\",\n"
+    "{\"format\": \"npumoe-calib\", \"version\": 2, \"fingerprint\": \"0123456789abcdef\",\n"
     " \"chunk\": 4, \"k\": 1, \"n_layer\": 1, \"n_expert\": 2, \"n_chunks\": 2, \"n_tokens\": 6,\n"
     " \"layers\": [{\"experts\": [\n"
     "  {\"mean\": 1.5, \"max\": 3, \"q50\": 0, \"q90\": 3, \"q95\": 3, \"q99\": 3,\n"
-    "   \"hist\": [[0, 1], [3, 1]]},\n"
+    "   \"hist\": [[0, 1], [3, 1]], \"ranked\": [0.75, 0.5, 0.25]},\n"
     "  {\"mean\": 1.5, \"max\": 2, \"q50\": 1, \"q90\": 2, \"q95\": 2, \"q99\": 2,\n"
-    "   \"hist\": [[1, 1], [2, 1]]}]}]}\n";
+    "   \"hist\": [[1, 1], [2, 1]], \"ranked\": [1.5, 0.5]}]}]}\n";
 
 static const char profile_text[] =
     "{\"format\": \"npumoe-profile\", \"version\": 1, \"device\": \"cpu\", \"d_model\": 64,\n"
@@ -909,8 +1326,29 @@ static void test_malformed(const nm_model *m, const nm_model *other) {
     REFUSE(PLAN, m, edit(pt, "npumoe-plan", "npumoe-calib"), NM_ERR_FORMAT,
            "not a npumoe-plan file");
     REFUSE(PLAN, m, calib_text, NM_ERR_FORMAT, "not a npumoe-plan file");
-    REFUSE(PLAN, m, edit(pt, "\"version\": 1", "\"version\": 2"), NM_ERR_UNSUPPORTED, "version 2");
-    REFUSE(PLAN, m, edit(pt, "\"version\": 1,", ""), NM_ERR_NOT_FOUND, "missing key 'version'");
+    REFUSE(PLAN, m, edit(pt, "\"version\": 2", "\"version\": 3"), NM_ERR_UNSUPPORTED, "version 3");
+    REFUSE(PLAN, m, edit(pt, "\"version\": 2", "\"version\": 1"), NM_ERR_UNSUPPORTED,
+           "npumoe-plan version 1 was written by an older npumoe (this one reads version 2): "
+           "make the plan again with `npumoe plan`");
+    REFUSE(PLAN, m, edit(pt, "\"version\": 2,", ""), NM_ERR_NOT_FOUND, "missing key 'version'");
+    REFUSE(PLAN, m, edit(pt, "\"quantile\",", "\"greedy\","), NM_ERR_FORMAT,
+           "objective: unknown \"greedy\"");
+    REFUSE(PLAN, m, edit(pt, "\"granule\": 0", "\"granule\": 4"), NM_ERR_FORMAT,
+           "granule: 4, but a quantile plan has none");
+    REFUSE(PLAN, m, edit(pt, "\"quantile\",", "\"budget\","), NM_ERR_FORMAT,
+           "tiers: a budgeted plan's tiers are the multiples of its granule (0)");
+    static char budget_text[4096]; /* edit's result is overwritten by the next edit */
+    snprintf(budget_text, sizeof budget_text, "%s", edit(pt, "\"quantile\",", "\"budget\","));
+    REFUSE(PLAN, m, edit(budget_text, "\"granule\": 0", "\"granule\": 4"), NM_ERR_FORMAT,
+           "multiples of its granule (4) up to the chunk (16)");
+    REFUSE(PLAN, m, edit(pt, "\"budget_rows\": 80", "\"budget_rows\": 79"), NM_ERR_FORMAT,
+           "layers[0]: the groups reserve 80 rows per chunk, over the budget_rows 79");
+    REFUSE(PLAN, m, edit(pt, "\"budget_rows\": 80", "\"budget_rows\": -1"), NM_ERR_FORMAT,
+           "layers[0].budget_rows");
+    REFUSE(PLAN, m, edit(pt, "\"predicted_drop_rate\": 0.01", "\"predicted_drop_rate\": 2"),
+           NM_ERR_FORMAT, "predicted_drop_rate");
+    REFUSE(PLAN, m, edit(pt, "\"predicted_drop_weight\": 0.002,", ""), NM_ERR_NOT_FOUND,
+           "predicted_drop_weight");
     if (other) {
         nm_fingerprint fo, fm;
         nm_model_fingerprint(other, &fo);
@@ -956,9 +1394,9 @@ static void test_malformed(const nm_model *m, const nm_model *other) {
     REFUSE(PLAN, m, edit(pt, "\"quantile\": 0.95", "\"quantile\": 0"), NM_ERR_FORMAT, "quantile");
     REFUSE(PLAN, m, edit(pt, "\"quantile\": 0.95", "\"quantile\": 1.5"), NM_ERR_FORMAT, "quantile");
     REFUSE(PLAN, m, edit(pt, "\"predicted_chunk_ms\": 6", "\"predicted_chunk_ms\": NaN"),
-           NM_ERR_FORMAT, "line 4");
+           NM_ERR_FORMAT, "line 6");
     REFUSE(PLAN, m, edit(pt, "\"predicted_chunk_ms\": 6", "\"predicted_chunk_ms\": 1e400"),
-           NM_ERR_FORMAT, "line 4");
+           NM_ERR_FORMAT, "line 6");
     REFUSE(PLAN, m, edit(pt, "\"predicted_chunk_ms\": 6", "\"predicted_chunk_ms\": 7"),
            NM_ERR_FORMAT, "not the sum");
     REFUSE(PLAN, m, edit(pt, "\"host_ms\": 2", "\"host_ms\": 1e300"), NM_ERR_FORMAT,
@@ -1010,6 +1448,19 @@ static void test_malformed(const nm_model *m, const nm_model *other) {
            "chunk: expected an integer in [1, 65536]");
     REFUSE(CALIB, NULL, edit(ct, "\"n_chunks\": 2", "\"n_chunks\": -2"), NM_ERR_FORMAT, "n_chunks");
     REFUSE(CALIB, NULL, edit(ct, "\"mean\": 1.5", "\"mean\": null"), NM_ERR_FORMAT, "got null");
+    REFUSE(CALIB, NULL, edit(ct, "\"version\": 2", "\"version\": 1"), NM_ERR_UNSUPPORTED,
+           "npumoe-calib version 1 was written by an older npumoe (this one reads version 2): "
+           "recalibrate with `npumoe calibrate`");
+    REFUSE(CALIB, NULL, edit(ct, ", \"ranked\": [1.5, 0.5]", ""), NM_ERR_NOT_FOUND,
+           "missing key 'ranked'");
+    REFUSE(CALIB, NULL, edit(ct, "[1.5, 0.5]", "[1.5]"), NM_ERR_FORMAT,
+           "layers[0].experts[1].ranked: 1 entries, expected one per rank up to the largest "
+           "load, 2");
+    REFUSE(CALIB, NULL, edit(ct, "[0.75, 0.5, 0.25]", "[0.75, 0.5, 0.6]"), NM_ERR_FORMAT,
+           "layers[0].experts[0].ranked[2]: 0.59999999999999998 after 0.5; the weights ranked by "
+           "weight cannot grow");
+    REFUSE(CALIB, NULL, edit(ct, "[0.75, 0.5, 0.25]", "[0.75, -0.5, -0.6]"), NM_ERR_FORMAT,
+           "layers[0].experts[0].ranked[1]");
 
     /* profiles */
     const char *pf = profile_text;
@@ -1262,12 +1713,15 @@ int main(void) {
     nm_calib *c = calib_from(tiny, &raw);
     if (c) {
         test_calib_stats(tiny, &raw, c);
+        test_predict_large(tiny);
         test_calib_files(tiny, c);
         test_profile_overhead();
         test_profile_files();
         test_planner_known(tiny);
         test_planner_refusals(tiny, other, c);
         test_planner_random(tiny, c);
+        test_allocate_exhaustive(c);
+        test_planner_budget(tiny, c);
         test_plan_files(tiny, other, c);
         test_malformed(tiny, other);
         test_alloc_failures(tiny, c);

@@ -24,7 +24,9 @@ typedef struct load_log {
     int32_t layer[4096];
 } load_log;
 
-static void log_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert) {
+static void log_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert,
+                      const float *weights) {
+    (void)weights;
     load_log *log = ctx;
     if (log->n >= 4096) return;
     memcpy(log->loads[log->n], loads, (size_t)n_expert * sizeof(int32_t));

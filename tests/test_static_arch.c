@@ -23,7 +23,9 @@ static int read_prompt(const char *dir, int line_no, int32_t *out) {
 }
 
 static int64_t n_routed;
-static void count_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert) {
+static void count_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert,
+                        const float *weights) {
+    (void)weights;
     (void)ctx;
     (void)layer;
     for (int32_t e = 0; e < n_expert; e++)

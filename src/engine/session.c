@@ -102,6 +102,8 @@ void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
         t->chunks += m->chunks;
         t->assignments += m->assignments;
         t->dropped += m->dropped;
+        t->weight += m->weight;
+        t->dropped_weight += m->dropped_weight;
         t->spilled += m->spilled;
         t->host_rows += m->host_rows;
         t->device_rows += m->device_rows;

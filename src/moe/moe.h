@@ -99,6 +99,8 @@ typedef struct nm_moe_layer_metrics {
     uint64_t chunks;
     uint64_t assignments;   /* (token, expert) pairs routed      */
     uint64_t dropped;       /* discarded by capacity             */
+    double weight;          /* routing weight of all assignments */
+    double dropped_weight;  /* routing weight of the dropped ones */
     uint64_t spilled;       /* overflow computed on the host     */
     uint64_t host_rows;     /* rows computed by the host (host experts, spills, dense) */
     uint64_t device_rows;   /* rows filled in device graphs      */
@@ -109,8 +111,10 @@ typedef struct nm_moe_layer_metrics {
     int64_t moe_ns;  /* wall time of the whole MoE step after routing */
 } nm_moe_layer_metrics;
 
-/* Called with each chunk's load per expert (calibration). */
-typedef void (*nm_load_fn)(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert);
+/* Called with each chunk's load per expert (calibration) and, expert after
+ * expert, the routing weights of each expert's loads[e] assignments. */
+typedef void (*nm_load_fn)(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert,
+                           const float *weights);
 
 typedef struct nm_moe_exec_params {
     nm_mode mode;

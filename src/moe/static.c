@@ -46,6 +46,7 @@ struct nm_moe_exec {
     uint8_t *keep;                 /* [chunk * k] 0 = dropped                              */
     float *token_norm;             /* [chunk] salience by activation norm                   */
     struct ranked *ranked;         /* [chunk] scratch for ordering one expert's rows     */
+    float *load_w;                 /* [chunk * k] weights by expert for load_fn           */
     nm_load_fn load_fn;
     void *load_ctx;
 };
@@ -238,6 +239,7 @@ void nm_moe_exec_free(nm_moe_exec *ex) {
     nm_free(ex->keep);
     nm_free(ex->token_norm);
     nm_free(ex->ranked);
+    nm_free(ex->load_w);
     nm_moe_scratch_free(ex->s);
     nm_free(ex);
 }
@@ -286,8 +288,10 @@ nm_status nm_moe_exec_new(const nm_moe_exec_params *p, nm_moe_exec **out, nm_err
     ex->keep = nm_calloc(n_assign, 1);
     ex->token_norm = nm_calloc((size_t)p->chunk, sizeof(float));
     ex->ranked = nm_calloc((size_t)p->chunk, sizeof(ranked));
-    if (st == NM_OK && (!ex->metrics || !ex->layers || !ex->dev_rows || !ex->dev_n ||
-                        !ex->spill_rows || !ex->keep || !ex->token_norm || !ex->ranked))
+    ex->load_w = nm_calloc(n_assign, sizeof(float));
+    if (st == NM_OK &&
+        (!ex->metrics || !ex->layers || !ex->dev_rows || !ex->dev_n || !ex->spill_rows ||
+         !ex->keep || !ex->token_norm || !ex->ranked || !ex->load_w))
         st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for the MoE executor");
     for (int32_t l = 0; st == NM_OK && p->mode != NM_MODE_DENSE && l < p->n_layer; l++)
         st = build_layer(ex, p->plan, l, err);
@@ -391,11 +395,15 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
     const nm_moe_dispatch *d = nm_moe_dispatch_build(s, ids, n);
     mt->chunks++;
     mt->assignments += (uint64_t)n * (uint64_t)ex->k;
+    for (int32_t a = 0; a < n * ex->k; a++)
+        mt->weight += weights[a];
     if (ex->load_fn) {
         int32_t *loads = s->fill; /* free after the dispatch is built */
         for (int32_t e = 0; e < ex->n_expert; e++)
             loads[e] = d->offset[e + 1] - d->offset[e];
-        ex->load_fn(ex->load_ctx, layer, loads, ex->n_expert);
+        for (int32_t r = 0; r < n * ex->k; r++) /* rows are grouped by expert */
+            ex->load_w[r] = weights[d->rows[r]];
+        ex->load_fn(ex->load_ctx, layer, loads, ex->n_expert, ex->load_w);
     }
     if (ex->mode == NM_MODE_DENSE) {
         const int64_t t0 = nm_time_ns();
@@ -436,8 +444,10 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
                 n_spill += over;
                 mt->spilled += (uint64_t)over;
             } else {
-                for (int32_t r = kept; r < m; r++)
+                for (int32_t r = kept; r < m; r++) {
                     ex->keep[rows[r]] = 0;
+                    mt->dropped_weight += weights[rows[r]];
+                }
                 mt->dropped += (uint64_t)over;
             }
         }

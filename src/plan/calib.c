@@ -1,8 +1,11 @@
 /* Calibration: per layer and expert, the histogram of how many assignments
- * the expert received in each prefill chunk; its statistics; and the
- * *.calib.json file, whose sparse histogram is the truth and whose summary
- * numbers are checked against it on load. Not here: running the model to
- * collect loads (the engine calls nm_calib_record through nm_load_fn). */
+ * the expert received in each prefill chunk and the sums of its assignments'
+ * routing weights ranked by weight within each chunk; their statistics
+ * (quantiles, expected overflow at a capacity, in assignments and in
+ * weight); and the *.calib.json file, whose sparse histogram and ranked sums
+ * are the truth and whose summary numbers are checked against them on load.
+ * Not here: running the model to collect loads (the engine calls
+ * nm_calib_record through nm_load_fn). */
 #include "plan-impl.h"
 
 #include "base/base.h"
@@ -10,6 +13,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The quantiles written beside each histogram, for people. */
@@ -23,6 +27,11 @@ static const int64_t *hist_row(const nm_calib *c, int32_t layer, int32_t expert)
     NM_ASSERT(layer >= 0 && layer < c->n_layer && expert >= 0 && expert < c->n_expert);
     return c->hist +
            ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)(c->chunk + 1);
+}
+
+static double *ranked_row(const nm_calib *c, int32_t layer, int32_t expert) {
+    NM_ASSERT(layer >= 0 && layer < c->n_layer && expert >= 0 && expert < c->n_expert);
+    return c->ranked + ((size_t)layer * (size_t)c->n_expert + (size_t)expert) * (size_t)c->chunk;
 }
 
 /* A zeroed calibration of the given shape; the caller fills the rest. */
@@ -40,9 +49,13 @@ static nm_status calib_alloc(int32_t chunk, int32_t n_layer, int32_t n_expert, n
                          "%lld histogram cells",
                          n_layer, n_expert, chunk + 1, (long long)NM_CALIB_MAX_CELLS);
     nm_calib *c = nm_calloc(1, sizeof *c);
-    if (c) c->hist = nm_calloc((size_t)cells, sizeof(int64_t));
-    if (!c || !c->hist) {
-        nm_free(c);
+    if (c) {
+        c->hist = nm_calloc((size_t)cells, sizeof(int64_t));
+        c->ranked = nm_calloc((size_t)n_layer * (size_t)n_expert * (size_t)chunk, sizeof(double));
+        c->scratch = nm_malloc((size_t)chunk * sizeof(float));
+    }
+    if (!c || !c->hist || !c->ranked || !c->scratch) {
+        nm_calib_free(c);
         return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a calibration (%lld cells)",
                          (long long)cells);
     }
@@ -65,21 +78,40 @@ nm_status nm_calib_new(const nm_model *model, int32_t chunk, nm_calib **out, nm_
 void nm_calib_free(nm_calib *calib) {
     if (!calib) return;
     nm_free(calib->hist);
+    nm_free(calib->ranked);
+    nm_free(calib->scratch);
     nm_free(calib);
 }
 
-void nm_calib_record(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert) {
+static int by_weight_desc(const void *pa, const void *pb) {
+    const float a = *(const float *)pa, b = *(const float *)pb;
+    return (a < b) - (a > b);
+}
+
+void nm_calib_record(void *ctx, int32_t layer, const int32_t *loads, int32_t n_expert,
+                     const float *weights) {
     nm_calib *c = ctx;
-    NM_ASSERT(c && loads && n_expert == c->n_expert && layer >= 0 && layer < c->n_layer);
+    NM_ASSERT(c && loads && weights && n_expert == c->n_expert && layer >= 0 && layer < c->n_layer);
     int64_t sum = 0;
     for (int32_t e = 0; e < n_expert; e++) {
         NM_ASSERT(loads[e] >= 0 && loads[e] <= c->chunk);
         sum += loads[e];
     }
     NM_ASSERT(sum % c->k == 0 && sum <= (int64_t)c->chunk * c->k);
-    for (int32_t e = 0; e < n_expert; e++)
+    const float *w = weights;
+    for (int32_t e = 0; e < n_expert; e++) {
         c->hist[((size_t)layer * (size_t)n_expert + (size_t)e) * (size_t)(c->chunk + 1) +
                 (size_t)loads[e]]++;
+        for (int32_t r = 0; r < loads[e]; r++) {
+            NM_ASSERT(isfinite(w[r]) && w[r] >= 0.0f);
+            c->scratch[r] = w[r];
+        }
+        qsort(c->scratch, (size_t)loads[e], sizeof(float), by_weight_desc);
+        double *rk = ranked_row(c, layer, e);
+        for (int32_t r = 0; r < loads[e]; r++)
+            rk[r] += (double)c->scratch[r];
+        w += loads[e];
+    }
     if (layer == 0) {
         c->n_chunks++;
         c->n_tokens += sum / c->k;
@@ -123,6 +155,69 @@ int32_t nm_calib_max(const nm_calib *calib, int32_t layer, int32_t expert) {
     for (int32_t x = calib->chunk; x > 0; x--)
         if (h[x]) return x;
     return 0;
+}
+
+double nm_calib_overflow(const nm_calib *calib, int32_t layer, int32_t expert, int32_t capacity) {
+    NM_ASSERT(capacity >= 0);
+    const int64_t *h = hist_row(calib, layer, expert);
+    double over = 0, n = 0;
+    for (int32_t x = 0; x <= calib->chunk; x++) {
+        n += (double)h[x];
+        if (x > capacity) over += (double)(x - capacity) * (double)h[x];
+    }
+    return n > 0 ? over / n : 0.0;
+}
+
+double nm_calib_overflow_weight(const nm_calib *calib, int32_t layer, int32_t expert,
+                                int32_t capacity) {
+    NM_ASSERT(capacity >= 0);
+    const double *rk = ranked_row(calib, layer, expert);
+    const double n = (double)row_total(calib, hist_row(calib, layer, expert));
+    double over = 0;
+    for (int32_t r = calib->chunk - 1; r >= capacity; r--) /* small terms first */
+        over += rk[r];
+    return n > 0 ? over / n : 0.0;
+}
+
+void nm_calib_predict_overflow(const nm_calib *calib, int32_t layer, int32_t expert, bool by_weight,
+                               double *out) {
+    const int32_t T = calib->chunk;
+    const int64_t *h = hist_row(calib, layer, expert);
+    const double *rk = ranked_row(calib, layer, expert);
+    const double n = (double)row_total(calib, h);
+    /* out[r] first holds P(load >= r) under the Poisson mixture, r = 0..T
+     * (a load is at most T: the tail beyond folds into T) */
+    for (int32_t r = 0; r <= T; r++)
+        out[r] = 0;
+    for (int32_t x = 0; n > 0 && x <= T; x++) {
+        if (!h[x]) continue;
+        const double share = (double)h[x] / n, log_x = log((double)x);
+        double cdf = 0; /* P(Poisson(x) < r) */
+        for (int32_t r = 0; r <= T; r++) {
+            const double tail = fmax(0.0, 1.0 - cdf);
+            if (r > x && tail < 1e-17) break; /* the rest adds nothing a double keeps */
+            out[r] += share * tail;
+            /* in logs: exp(-x) underflows for loads past 745 */
+            cdf += x == 0 ? (r == 0) : exp((double)r * log_x - (double)x - lgamma((double)r + 1));
+        }
+    }
+    /* out[r] becomes what rank r (1-based) loses when dropped: P(load >= r)
+     * times, by weight, the mean weight of the r-th heaviest assignment over
+     * the chunks that reach rank r, never above the rank before's; past the
+     * largest load, the last rank's */
+    double w = INFINITY, n_ge = n;
+    for (int32_t r = 1; r <= T; r++) {
+        n_ge -= (double)h[r - 1]; /* chunks with load >= r */
+        if (by_weight && n_ge > 0) w = fmin(w, rk[r - 1] / n_ge);
+        out[r] *= by_weight ? (isfinite(w) ? w : 0.0) : 1.0;
+    }
+    /* out[c] = the sum over the ranks beyond c */
+    double beyond = 0;
+    for (int32_t c = T; c >= 0; c--) {
+        const double loss = c >= 1 ? out[c] : 0.0;
+        out[c] = beyond;
+        beyond += loss;
+    }
 }
 
 double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert) {
@@ -169,7 +264,7 @@ nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_byt
     nm_json_key(w, "format");
     nm_json_write_str(w, NM_CALIB_FORMAT);
     nm_json_key(w, "version");
-    nm_json_write_int(w, NM_PLAN_FILE_VERSION);
+    nm_json_write_int(w, NM_CALIB_FILE_VERSION);
     nm_json_key(w, "fingerprint");
     nm_json_write_str(w, calib->fingerprint.hex);
     nm_json_key(w, "chunk");
@@ -210,6 +305,12 @@ nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_byt
                 nm_json_write_int(w, h[x]);
                 nm_json_end_array(w);
             }
+            nm_json_end_array(w);
+            nm_json_key(w, "ranked");
+            nm_json_begin_array(w);
+            const double *rk = ranked_row(calib, l, e);
+            for (int32_t r = 0; r < nm_calib_max(calib, l, e); r++)
+                nm_json_write_num(w, rk[r]);
             nm_json_end_array(w);
             nm_json_end_object(w);
         }
@@ -265,6 +366,29 @@ static nm_status read_expert(const nm_json *obj, nm_calib *c, int32_t l, int32_t
                          l, e, total > c->n_chunks ? "at least " : "", (long long)total,
                          (long long)c->n_chunks);
 
+    /* ranked[r]: the sum over chunks of the (r+1)-th heaviest weight, one
+     * per rank up to the largest load; it cannot grow with r, since each
+     * chunk's weights are sorted and fewer chunks reach a higher rank (the
+     * tolerance covers the rounding of sums over different chunks) */
+    const nm_json *ranked;
+    if ((st = nm_json_get_arr(obj, "ranked", &ranked, where, err))) return st;
+    const int32_t max = nm_calib_max(c, l, e);
+    if (nm_json_len(ranked) != (size_t)max)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "%s.ranked: %zu entries, expected one per rank up to the largest load, %d",
+                         where, nm_json_len(ranked), max);
+    double *rk = ranked_row(c, l, e);
+    for (int32_t r = 0; r < max; r++) {
+        char at[112];
+        snprintf(at, sizeof at, "%s.ranked[%d]", where, r);
+        if ((st = nm_json_as_num(nm_json_at(ranked, (size_t)r), 0, 1e18, &rk[r], at, err)))
+            return st;
+        if (r > 0 && rk[r] > rk[r - 1] * (1 + 1e-9) + 1e-12)
+            return nm_errorf(err, NM_ERR_FORMAT,
+                             "%s: %.17g after %.17g; the weights ranked by weight cannot grow", at,
+                             rk[r], rk[r - 1]);
+    }
+
     double mean;
     int64_t v;
     if ((st = nm_json_get_num(obj, "mean", 0, c->chunk, &mean, where, err))) return st;
@@ -293,7 +417,10 @@ static nm_status read_expert(const nm_json *obj, nm_calib *c, int32_t l, int32_t
  * then every histogram. */
 static nm_status read_calib(const nm_json *root, void *ctx, nm_error *err) {
     nm_calib **out = ctx;
-    nm_status st = nm_plan_json_header(root, NM_CALIB_FORMAT, err);
+    nm_status st = nm_plan_json_header(root, NM_CALIB_FORMAT, NM_CALIB_FILE_VERSION,
+                                       "recalibrate with `npumoe calibrate` (the planner needs "
+                                       "the routing weights that newer calibrations record)",
+                                       err);
     if (st != NM_OK) return st;
     nm_fingerprint fp;
     int64_t chunk, k, n_layer, n_expert, n_chunks, n_tokens;

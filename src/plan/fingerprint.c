@@ -112,7 +112,8 @@ nm_status nm_plan_json_fingerprint(const nm_json *obj, nm_fingerprint *out, nm_e
 
 /* ---- files ---- */
 
-nm_status nm_plan_json_header(const nm_json *root, const char *format, nm_error *err) {
+nm_status nm_plan_json_header(const nm_json *root, const char *format, int32_t version,
+                              const char *older, nm_error *err) {
     if (nm_json_type_of(root) != NM_JSON_OBJECT)
         return nm_errorf(err, NM_ERR_FORMAT, "expected a %s object, got %s", format,
                          nm_json_type_name(nm_json_type_of(root)));
@@ -122,12 +123,17 @@ nm_status nm_plan_json_header(const nm_json *root, const char *format, nm_error 
     if (strcmp(got, format) != 0)
         return nm_errorf(err, NM_ERR_FORMAT, "format is \"%.40s\": this is not a %s file", got,
                          format);
-    int64_t version;
-    st = nm_json_get_int(root, "version", 0, INT32_MAX, &version, NULL, err);
+    int64_t v;
+    st = nm_json_get_int(root, "version", 0, INT32_MAX, &v, NULL, err);
     if (st != NM_OK) return st;
-    if (version != NM_PLAN_FILE_VERSION)
+    if (v < version)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "%s version %lld was written by an older npumoe (this one reads version "
+                         "%d): %s",
+                         format, (long long)v, version, older);
+    if (v != version)
         return nm_errorf(err, NM_ERR_UNSUPPORTED, "%s version %lld is not supported (only %d)",
-                         format, (long long)version, NM_PLAN_FILE_VERSION);
+                         format, (long long)v, version);
     return NM_OK;
 }
 

@@ -14,7 +14,12 @@
 #define NM_CALIB_FORMAT "npumoe-calib"
 #define NM_PROFILE_FORMAT "npumoe-profile"
 #define NM_PLAN_FORMAT "npumoe-plan"
-#define NM_PLAN_FILE_VERSION 1
+/* Each format's version: 2 for calibrations since they carry the ranked
+ * routing weights, 2 for plans since they carry the objective, budget and
+ * predicted drop rate. */
+#define NM_CALIB_FILE_VERSION 2
+#define NM_PROFILE_FILE_VERSION 1
+#define NM_PLAN_FILE_VERSION 2
 
 /* Parses 16 lowercase hex digits; false for anything else. */
 bool nm_fingerprint_parse(const char *text, nm_fingerprint *out);
@@ -23,9 +28,11 @@ bool nm_fingerprint_parse(const char *text, nm_fingerprint *out);
 nm_status nm_plan_json_fingerprint(const nm_json *obj, nm_fingerprint *out, nm_error *err);
 
 /* Checks that root is an object whose "format" is format and whose
- * "version" is NM_PLAN_FILE_VERSION; the message says what the file is
- * instead ("a npumoe-plan file, not npumoe-calib"). */
-nm_status nm_plan_json_header(const nm_json *root, const char *format, nm_error *err);
+ * "version" is version; the message says what the file is instead ("a
+ * npumoe-plan file, not npumoe-calib") and, for an older version, adds
+ * older (what to do: "recalibrate with `npumoe calibrate`"). */
+nm_status nm_plan_json_header(const nm_json *root, const char *format, int32_t version,
+                              const char *older, nm_error *err);
 
 /* The file half of every nm_*_save: st and text are what the matching
  * nm_*_save_memory returned; on success replaces path with the text

@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "moe/moe.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,9 +48,10 @@ void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out);
 
 /* ---- calibration (calib.c) ---- */
 
-/* Per layer and expert, the histogram of per-chunk loads. Every layer sees
- * the same chunks: n_chunks records each, and the loads of one chunk of
- * one layer sum to k times its tokens. */
+/* Per layer and expert, the histogram of per-chunk loads and the routing
+ * weights of its assignments ranked by weight. Every layer sees the same
+ * chunks: n_chunks records each, and the loads of one chunk of one layer
+ * sum to k times its tokens. */
 typedef struct nm_calib {
     nm_fingerprint fingerprint;
     int32_t chunk; /* T */
@@ -61,6 +63,13 @@ typedef struct nm_calib {
     /* [n_layer][n_expert][chunk + 1]: hist[l][e][c] = chunks in which expert
      * e of layer l received exactly c assignments */
     int64_t *hist;
+    /* [n_layer][n_expert][chunk]: ranked[l][e][r] = the sum over chunks of
+     * the routing weight of expert e's (r+1)-th heaviest assignment in the
+     * chunk (chunks with fewer add nothing). What dropping all but the c
+     * heaviest (router salience) loses per chunk is the sum from r = c on,
+     * divided by n_chunks. */
+    double *ranked;
+    float *scratch; /* [chunk] for sorting one expert's weights */
 } nm_calib;
 
 /* An empty calibration of model for chunks of T = chunk tokens
@@ -68,16 +77,38 @@ typedef struct nm_calib {
  * NM_CALIB_MAX_CELLS. */
 nm_status nm_calib_new(const nm_model *model, int32_t chunk, nm_calib **out, nm_error *err);
 void nm_calib_free(nm_calib *calib);
-/* Records one chunk's loads of one layer (an nm_load_fn: ctx is the calib).
- * Layer 0 counts the chunk and its tokens (sum of loads / k). Programmer
- * errors (NM_ASSERT): n_expert or layer not the calibration's, a load
- * outside [0, chunk], loads that do not sum to a multiple of k. */
-void nm_calib_record(void *calib, int32_t layer, const int32_t *loads, int32_t n_expert);
+/* Records one chunk's loads of one layer (an nm_load_fn: ctx is the calib);
+ * weights holds, expert after expert, the routing weights of each expert's
+ * loads[e] assignments (in any order). Layer 0 counts the chunk and its
+ * tokens (sum of loads / k). Programmer errors (NM_ASSERT): n_expert or
+ * layer not the calibration's, a load outside [0, chunk], loads that do not
+ * sum to a multiple of k, a weight negative or not finite. */
+void nm_calib_record(void *calib, int32_t layer, const int32_t *loads, int32_t n_expert,
+                     const float *weights);
 /* Load statistics of one expert over the chunks recorded (0 when none):
  * the quantile is the smallest c with P(load <= c) >= q, q in [0, 1]. */
 int32_t nm_calib_quantile(const nm_calib *calib, int32_t layer, int32_t expert, double q);
 double nm_calib_mean(const nm_calib *calib, int32_t layer, int32_t expert);
 int32_t nm_calib_max(const nm_calib *calib, int32_t layer, int32_t expert);
+/* Expected assignments per chunk beyond capacity (>= 0): the mean of
+ * max(0, load - capacity). */
+double nm_calib_overflow(const nm_calib *calib, int32_t layer, int32_t expert, int32_t capacity);
+/* Expected routing weight per chunk of the assignments beyond capacity when
+ * the heaviest capacity assignments are kept (router salience); capacity 0
+ * gives the expert's whole expected weight per chunk. */
+double nm_calib_overflow_weight(const nm_calib *calib, int32_t layer, int32_t expert,
+                                int32_t capacity);
+/* What the planner expects a new chunk to overflow, out[c] for every
+ * capacity c = 0..chunk: the calibration's few chunks undersell the tail
+ * (an expert never seen above 40 will be), so each recorded load x stands
+ * for a Poisson(x) load (capped at chunk), the count of assignments from a
+ * chunk whose rate for the expert is x. Expected per chunk: the assignments
+ * beyond c, or by_weight their routing weight, rank r's weight being the
+ * mean of the r-th heaviest over the chunks that reached rank r, made
+ * non-increasing in r, the last for ranks beyond the largest load. Both are
+ * convex and non-increasing in c (docs/NPUMOE.md). out[chunk + 1]. */
+void nm_calib_predict_overflow(const nm_calib *calib, int32_t layer, int32_t expert, bool by_weight,
+                               double *out);
 /* Fraction of chunks in which the expert received at least one assignment. */
 double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert);
 
@@ -85,11 +116,14 @@ double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert);
  * and the shape (layers, experts, k). NM_ERR_INVALID_ARG otherwise. */
 nm_status nm_calib_check_model(const nm_calib *calib, const nm_model *model, nm_error *err);
 
-/* The file: {"format": "npumoe-calib", "version": 1, "fingerprint", "chunk",
+/* The file: {"format": "npumoe-calib", "version": 2, "fingerprint", "chunk",
  * "k", "n_layer", "n_expert", "n_chunks", "n_tokens", "layers": [{"experts":
  * [{"mean", "max", "q50", "q90", "q95", "q99", "hist": [[load, count],
- * ...]}]}]}. The sparse histogram (loads ascending, counts >= 1) is the
- * truth; the summaries are for people and are checked against it on load,
+ * ...], "ranked": [w_1, ..., w_max]}]}]}. The sparse histogram (loads
+ * ascending, counts >= 1) and the ranked weight sums (one per rank up to
+ * max, >= 0, not growing with the rank) are the truth; version 1 files
+ * (without "ranked") are refused with a message saying to recalibrate. The
+ * summaries are for people and are checked against the histogram on load,
  * as are: every expert's counts sum to n_chunks, every layer's assignments
  * (sum of load * count) equal n_tokens * k, n_chunks <= n_tokens <=
  * n_chunks * chunk. Save refuses a calibration whose layers saw different
@@ -129,13 +163,41 @@ nm_status nm_profile_load_memory(const char *text, size_t n_bytes, const char *n
 
 /* ---- plan (planner.c, plan_io.c) ---- */
 
+/* How the planner chooses each expert's capacity. */
+typedef enum nm_plan_objective {
+    /* within a budget of rows per layer and chunk, the capacities (multiples
+     * of a granule) that minimise the expected overflow per chunk: the
+     * dropped routing weight with drop and router salience, the assignments
+     * over capacity otherwise (docs/NPUMOE.md, "Budgeted tiers") */
+    NM_PLAN_BUDGET,
+    /* each expert: the smallest tier >= a quantile of its per-chunk load */
+    NM_PLAN_QUANTILE,
+    NM_PLAN_OBJECTIVE_COUNT
+} nm_plan_objective;
+
+const char *nm_plan_objective_name(nm_plan_objective objective);
+
 typedef struct nm_plan_params {
-    /* candidate capacities, strictly ascending in [1, chunk], at most
-     * NM_PLAN_MAX_TIERS; NULL = the powers of two in [T/64, T) and T */
+    nm_plan_objective objective; /* default NM_PLAN_BUDGET */
+    /* quantile: candidate capacities, strictly ascending in [1, chunk], at
+     * most NM_PLAN_MAX_TIERS; NULL = the powers of two in [T/64, T) and T.
+     * budget: must be NULL (the tiers are the multiples of granule) */
     const int32_t *tiers;
     int32_t n_tiers;
-    double quantile;      /* in (0, 1]: each expert gets the smallest tier >= this
-                             quantile of its per-chunk load; default 0.95 */
+    double quantile; /* in (0, 1]: each expert gets the smallest tier >= this
+                        quantile of its per-chunk load; default 0.95. The
+                        budget objective's default budget is the rows
+                        this rule reserves, layer by layer */
+    /* budget: rows per layer and chunk (sum of the experts' capacities), at
+     * least n_expert * granule, at most n_expert * chunk (a larger one is
+     * taken as that); 0 = budget_ms, or else the quantile rule's */
+    int64_t budget_rows;
+    /* budget: > 0 = device time per layer and chunk, turned into rows by
+     * the profile's per-row cost (nm_plan_row_ms) */
+    double budget_ms;
+    /* budget: capacities are multiples of it; a divisor of the chunk giving
+     * at most NM_PLAN_MAX_TIERS tiers; 0 = the smallest divisor >= chunk/16 */
+    int32_t granule;
     nm_overflow overflow; /* default spill */
     nm_salience salience; /* default residual-norm */
     /* device bytes the resident groups may hold (the experts' weights and
@@ -164,6 +226,14 @@ struct nm_plan {
     int32_t n_tiers;
     int32_t *tiers; /* [n_tiers] the tier set the plan chose from, ascending */
     double quantile;
+    nm_plan_objective objective;
+    int32_t granule;      /* budget: the tiers' step; quantile: 0 */
+    int64_t *budget_rows; /* [n_layer] rows per chunk each layer may reserve */
+    /* as nm_calib_predict_overflow expects of a new chunk, over all layers:
+     * the fraction of assignments over capacity (dropped or spilled) and of
+     * routing weight over capacity (the lightest first) */
+    double predicted_drop_rate;
+    double predicted_drop_weight;
     nm_plan_cost *layer_cost;  /* [n_layer] */
     double predicted_chunk_ms; /* sum over layers */
     uint64_t device_bytes;     /* predicted device memory of the resident groups */
@@ -176,18 +246,35 @@ nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_pr
                        const nm_plan_params *params, nm_plan **out, nm_error *err);
 void nm_plan_free(nm_plan *plan);
 
-/* The file: {"format": "npumoe-plan", "version": 1, "fingerprint", "device",
+/* The device's cost of one more row in a graph, from the profile: the
+ * measured graph with the most rows, less one dispatch, per row (> 0, else
+ * NM_ERR_INVALID_ARG). */
+nm_status nm_plan_row_ms(const nm_profile *profile, double *row_ms, nm_error *err);
+
+/* The budgeted allocation: n experts, each given j in [0, m] steps, where
+ * loss[e * (m + 1) + j] is expert e's expected loss with j steps, which
+ * must not grow with j and whose decrements must not grow either (convex).
+ * Adds one step at a time to the expert whose next step saves the most
+ * (ties: the lowest e), while steps remain in budget and a step saves
+ * something; for such losses this minimises the total loss over all
+ * allocations of at most budget steps (docs/NPUMOE.md). steps[n] out. */
+void nm_plan_allocate(const double *loss, int32_t n, int32_t m, int64_t budget, int32_t *steps);
+
+/* The file: {"format": "npumoe-plan", "version": 2, "fingerprint", "device",
  * "chunk", "n_layer", "n_expert", "tiers", "overflow", "salience",
- * "quantile", "predicted_chunk_ms", "device_bytes", "layers": [{"groups":
- * [{"tier", "experts": [...], "device"}], "cost": {"device_ms", "host_ms",
- * "chunk_ms"}}]}. */
+ * "objective" ("budget" or "quantile"), "granule", "quantile",
+ * "predicted_drop_rate", "predicted_drop_weight", "predicted_chunk_ms",
+ * "device_bytes", "layers": [{"budget_rows", "groups": [{"tier", "experts":
+ * [...], "device"}], "cost": {"device_ms", "host_ms", "chunk_ms"}}]}.
+ * Version 1 plans are refused with a message saying to make a new one. */
 nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err);
 nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes, nm_error *err);
 /* Loads and validates a plan: every field, every group's tier one of the
- * tiers, nm_moe_plan_check, costs consistent (chunk_ms = max(device, host),
- * predicted_chunk_ms = their sum). Against a model: another model's plan is
- * refused with a message naming both fingerprints, as is another shape.
- * model may be NULL: everything but the match with a model is checked. */
+ * tiers, a budgeted plan's tiers the multiples of its granule and each
+ * layer's rows within its budget, nm_moe_plan_check, costs consistent (chunk_ms = max(device,
+ * host), predicted_chunk_ms = their sum). Against a model: another model's plan is refused with a
+ * message naming both fingerprints, as is another shape. model may be NULL: everything but the
+ * match with a model is checked. */
 nm_status nm_plan_load(const char *path, const nm_model *model, nm_plan **out, nm_error *err);
 nm_status nm_plan_load_memory(const char *text, size_t n_bytes, const char *name,
                               const nm_model *model, nm_plan **out, nm_error *err);

@@ -55,8 +55,16 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
     nm_json_write_str(w, nm_overflow_name(moe->overflow));
     nm_json_key(w, "salience");
     nm_json_write_str(w, nm_salience_name(moe->salience));
+    nm_json_key(w, "objective");
+    nm_json_write_str(w, nm_plan_objective_name(plan->objective));
+    nm_json_key(w, "granule");
+    nm_json_write_int(w, plan->granule);
     nm_json_key(w, "quantile");
     nm_json_write_num(w, plan->quantile);
+    nm_json_key(w, "predicted_drop_rate");
+    nm_json_write_num(w, plan->predicted_drop_rate);
+    nm_json_key(w, "predicted_drop_weight");
+    nm_json_write_num(w, plan->predicted_drop_weight);
     nm_json_key(w, "predicted_chunk_ms");
     nm_json_write_num(w, plan->predicted_chunk_ms);
     nm_json_key(w, "device_bytes");
@@ -66,6 +74,8 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
     for (int32_t l = 0; l < moe->n_layer; l++) {
         const nm_moe_layer_plan *lp = &moe->layers[l];
         nm_json_begin_object(w);
+        nm_json_key(w, "budget_rows");
+        nm_json_write_int(w, plan->budget_rows[l]);
         nm_json_key(w, "groups");
         nm_json_begin_array(w);
         for (int32_t g = 0; g < lp->n_groups; g++) {
@@ -146,6 +156,40 @@ static nm_status read_tiers(const nm_json *root, nm_plan *plan, nm_error *err) {
     return NM_OK;
 }
 
+/* The objective and its granule: a budgeted plan's tiers are the
+ * multiples of the granule up to the chunk; a quantile plan has none. */
+static nm_status read_objective(const nm_json *root, nm_plan *plan, nm_error *err) {
+    const char *name;
+    int64_t granule;
+    nm_status st = nm_json_get_str(root, "objective", &name, NULL, err);
+    if (st != NM_OK) return st;
+    int o = 0;
+    while (o < NM_PLAN_OBJECTIVE_COUNT && strcmp(name, nm_plan_objective_name(o)) != 0)
+        o++;
+    if (o == NM_PLAN_OBJECTIVE_COUNT)
+        return nm_errorf(err, NM_ERR_FORMAT, "objective: unknown \"%.40s\" (budget, quantile)",
+                         name);
+    plan->objective = (nm_plan_objective)o;
+    if ((st = nm_json_get_int(root, "granule", 0, plan->moe.chunk, &granule, NULL, err))) return st;
+    plan->granule = (int32_t)granule;
+    if (plan->objective == NM_PLAN_QUANTILE) {
+        if (granule != 0)
+            return nm_errorf(err, NM_ERR_FORMAT, "granule: %lld, but a quantile plan has none",
+                             (long long)granule);
+        return NM_OK;
+    }
+    bool multiples = granule >= 1 && plan->n_tiers == plan->moe.chunk / granule &&
+                     plan->moe.chunk % granule == 0;
+    for (int32_t i = 0; multiples && i < plan->n_tiers; i++)
+        multiples = plan->tiers[i] == (i + 1) * granule;
+    if (!multiples)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "tiers: a budgeted plan's tiers are the multiples of its granule (%lld) "
+                         "up to the chunk (%d)",
+                         (long long)granule, plan->moe.chunk);
+    return NM_OK;
+}
+
 static nm_status read_cost(const nm_json *layer, int32_t l, nm_plan_cost *c, nm_error *err) {
     char at[24], where[32];
     snprintf(at, sizeof at, "layers[%d]", l);
@@ -200,6 +244,27 @@ static nm_status read_group(const nm_json *obj, int32_t l, int32_t g, nm_plan *p
     return NM_OK;
 }
 
+/* A layer's budget, and its groups' rows within it; a budgeted plan's
+ * tiers are the multiples of its granule. */
+static nm_status read_budget(const nm_json *layer, int32_t l, nm_plan *plan, nm_error *err) {
+    char where[24];
+    snprintf(where, sizeof where, "layers[%d]", l);
+    const nm_moe_layer_plan *lp = &plan->moe.layers[l];
+    int64_t rows = 0, budget;
+    for (int32_t g = 0; g < lp->n_groups; g++)
+        rows += (int64_t)lp->groups[g].n_experts * lp->groups[g].capacity;
+    nm_status st =
+        nm_json_get_int(layer, "budget_rows", 0, (int64_t)plan->moe.n_expert * plan->moe.chunk,
+                        &budget, where, err);
+    if (st != NM_OK) return st;
+    plan->budget_rows[l] = budget;
+    if (rows > budget)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "%s: the groups reserve %lld rows per chunk, over the budget_rows %lld",
+                         where, (long long)rows, (long long)budget);
+    return NM_OK;
+}
+
 static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err) {
     nm_status st = NM_OK;
     double sum = 0;
@@ -223,7 +288,9 @@ static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err
             st = read_group(nm_json_at(groups, g), l, (int32_t)g, plan, &lp->groups[g], err);
             if (st != NM_OK) return st;
         }
-        if ((st = read_cost(layer, l, &plan->layer_cost[l], err))) return st;
+        if ((st = read_cost(layer, l, &plan->layer_cost[l], err)) ||
+            (st = read_budget(layer, l, plan, err)))
+            return st;
         sum += plan->layer_cost[l].chunk_ms;
     }
     if (!nm_plan_close(sum, plan->predicted_chunk_ms))
@@ -240,7 +307,8 @@ static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err
 
 static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
     read_ctx *ctx = vctx;
-    nm_status st = nm_plan_json_header(root, NM_PLAN_FORMAT, err);
+    nm_status st = nm_plan_json_header(root, NM_PLAN_FORMAT, NM_PLAN_FILE_VERSION,
+                                       "make the plan again with `npumoe plan`", err);
     if (st != NM_OK) return st;
     nm_fingerprint fp;
     if ((st = nm_plan_json_fingerprint(root, &fp, err))) return st;
@@ -275,7 +343,12 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
     plan->moe.chunk = (int32_t)chunk;
     plan->moe.n_expert = (int32_t)n_expert;
     if ((st = read_tiers(root, plan, err)) || (st = read_policy(root, plan, err)) ||
+        (st = read_objective(root, plan, err)) ||
         (st = nm_json_get_num(root, "quantile", 0, 1, &plan->quantile, NULL, err)) ||
+        (st = nm_json_get_num(root, "predicted_drop_rate", 0, 1, &plan->predicted_drop_rate, NULL,
+                              err)) ||
+        (st = nm_json_get_num(root, "predicted_drop_weight", 0, 1, &plan->predicted_drop_weight,
+                              NULL, err)) ||
         (st = nm_json_get_num(root, "predicted_chunk_ms", 0, max_cost_ms, &plan->predicted_chunk_ms,
                               NULL, err)) ||
         (st = nm_json_get_int(root, "device_bytes", 0, INT64_MAX, &device_bytes, NULL, err)) ||
@@ -289,7 +362,8 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
                          nm_json_len(layers), (long long)n_layer);
     plan->moe.layers = nm_calloc((size_t)n_layer, sizeof *plan->moe.layers);
     plan->layer_cost = nm_calloc((size_t)n_layer, sizeof *plan->layer_cost);
-    if (!plan->moe.layers || !plan->layer_cost)
+    plan->budget_rows = nm_calloc((size_t)n_layer, sizeof *plan->budget_rows);
+    if (!plan->moe.layers || !plan->layer_cost || !plan->budget_rows)
         return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
     plan->moe.n_layer = (int32_t)n_layer;
     return read_layers(layers, plan, err);
@@ -336,7 +410,27 @@ void nm_plan_describe(const nm_plan *plan, FILE *f) {
     fprintf(f, "tiers:     ");
     for (int32_t i = 0; i < plan->n_tiers; i++)
         fprintf(f, " %d", plan->tiers[i]);
-    fprintf(f, " (each expert: the smallest >= its q%g load)\n", plan->quantile * 100);
+    if (plan->objective == NM_PLAN_BUDGET)
+        fprintf(f, " (multiples of %d rows: the least expected %s within each layer's budget)\n",
+                plan->granule,
+                moe->overflow == NM_OVERFLOW_DROP && moe->salience == NM_SALIENCE_ROUTER
+                    ? "dropped routing weight"
+                    : "overflow");
+    else
+        fprintf(f, " (each expert: the smallest >= its q%g load)\n", plan->quantile * 100);
+    int64_t min_budget = INT64_MAX, max_budget = 0;
+    for (int32_t l = 0; l < moe->n_layer; l++) {
+        min_budget = plan->budget_rows[l] < min_budget ? plan->budget_rows[l] : min_budget;
+        max_budget = plan->budget_rows[l] > max_budget ? plan->budget_rows[l] : max_budget;
+    }
+    fprintf(f, "objective:  %s, %lld", nm_plan_objective_name(plan->objective),
+            (long long)min_budget);
+    if (max_budget != min_budget) fprintf(f, " to %lld", (long long)max_budget);
+    fprintf(f, " rows per layer and chunk\n");
+    fprintf(f,
+            "overflow predicted on the calibration: %.3f%% of assignments, %.3f%% of routing "
+            "weight\n",
+            100 * plan->predicted_drop_rate, 100 * plan->predicted_drop_weight);
     fprintf(f, "overflow:   %s, salience %s\n", nm_overflow_name(moe->overflow),
             nm_salience_name(moe->salience));
     int64_t n_graphs = 0, n_dev_experts = 0, n_rows = 0;

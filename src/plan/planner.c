@@ -1,12 +1,25 @@
 /* The planner: a calibration (per-chunk loads of every expert) and a
  * measured device profile in, a static plan out (DESIGN.md section 1).
  *
- * Tiers. Each expert gets the smallest tier >= the chosen quantile (0.95 by
- * default) of its per-chunk load, the largest tier if none is; an expert
- * never seen gets the smallest. Default tiers: the powers of two in
- * [T/64, T) and T. The mean load is T*k/E, T/16 to T/4 in the MoE models we
- * target, so T/64 is a cold expert's load; colder experts end up on the host
- * anyway, and halving steps waste at most half a tier in padding.
+ * Tiers, budget objective (the default). Each layer has a budget of rows
+ * per chunk (given, from a device time and the profile's per-row cost, or
+ * the rows the quantile rule below would reserve). Capacities are multiples
+ * of a granule g; every expert starts at g, and g rows at a time go to the
+ * expert whose next g rows save the most expected overflow per chunk: the
+ * routing weight of the assignments beyond capacity (the lightest, which
+ * router salience drops) with drop and router salience, else their count,
+ * as nm_calib_predict_overflow expects them of a new chunk. Both are convex
+ * and decreasing in the capacity, so this greedy allocation is optimal
+ * (nm_plan_allocate; the argument is in docs/NPUMOE.md). The plan's
+ * predicted drop rate is the same prediction at the chosen capacities.
+ *
+ * Tiers, quantile objective. Each expert gets the smallest tier >= the
+ * chosen quantile (0.95 by default) of its per-chunk load, the largest tier
+ * if none is; an expert never seen gets the smallest. Default tiers: the
+ * powers of two in [T/64, T) and T. The mean load is T*k/E, T/16 to T/4 in
+ * the MoE models we target, so T/64 is a cold expert's load; colder experts
+ * end up on the host anyway, and halving steps waste at most half a tier in
+ * padding.
  *
  * Groups and residency. Within one layer and tier, experts are ordered by
  * their host cost (hottest first) and cut into consecutive groups of g;
@@ -41,8 +54,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *const objective_names[NM_PLAN_OBJECTIVE_COUNT] = {
+    [NM_PLAN_BUDGET] = "budget",
+    [NM_PLAN_QUANTILE] = "quantile",
+};
+
+const char *nm_plan_objective_name(nm_plan_objective objective) {
+    return (unsigned)objective < NM_PLAN_OBJECTIVE_COUNT ? objective_names[objective] : "unknown";
+}
+
 nm_plan_params nm_plan_default_params(void) {
     return (nm_plan_params){
+        .objective = NM_PLAN_BUDGET,
         .tiers = NULL,
         .n_tiers = 0,
         .quantile = 0.95,
@@ -66,7 +89,52 @@ void nm_plan_free(nm_plan *plan) {
     nm_free(plan->moe.layers);
     nm_free(plan->layer_cost);
     nm_free(plan->tiers);
+    nm_free(plan->budget_rows);
     nm_free(plan);
+}
+
+nm_status nm_plan_row_ms(const nm_profile *profile, double *row_ms, nm_error *err) {
+    NM_ASSERT(profile && row_ms);
+    *row_ms = 0;
+    int64_t best_rows = 0;
+    double best_ms = 0;
+    for (int32_t i = 0; i < profile->n_points; i++) {
+        const nm_profile_point *pt = &profile->points[i];
+        const int64_t rows = (int64_t)pt->n_experts * pt->capacity;
+        if (rows > best_rows) {
+            best_rows = rows;
+            best_ms = pt->graph_ms;
+        }
+    }
+    const double ms = best_rows > 0 ? (best_ms - profile->dispatch_ms) / (double)best_rows : 0;
+    if (!(ms > 0))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the profile's largest graph (%lld rows) costs no more than a dispatch: "
+                         "no per-row cost to turn a time into rows",
+                         (long long)best_rows);
+    *row_ms = ms;
+    return NM_OK;
+}
+
+void nm_plan_allocate(const double *loss, int32_t n, int32_t m, int64_t budget, int32_t *steps) {
+    NM_ASSERT(loss && steps && n >= 1 && m >= 0 && budget >= 0);
+    for (int32_t e = 0; e < n; e++)
+        steps[e] = 0;
+    for (int64_t used = 0; used < budget; used++) {
+        int32_t best = -1;
+        double best_saving = 0;
+        for (int32_t e = 0; e < n; e++) {
+            if (steps[e] == m) continue;
+            const double *le = loss + (size_t)e * (size_t)(m + 1);
+            const double saving = le[steps[e]] - le[steps[e] + 1];
+            if (saving > best_saving) {
+                best_saving = saving;
+                best = e;
+            }
+        }
+        if (best < 0) break; /* nothing left to save */
+        steps[best]++;
+    }
 }
 
 /* ---- graph time from the profile ---- */
@@ -218,7 +286,12 @@ typedef struct planner {
     grid grid;
     int32_t max_group;
     expert_info *experts; /* [n_expert] scratch */
-    group_info *info;     /* [n_layer * n_expert] */
+    int32_t *caps;        /* [n_expert] scratch */
+    double *pred;         /* [chunk + 1] scratch: predicted overflow by capacity */
+    /* expected per chunk, summed over layers and experts: assignments over
+     * capacity, their routing weight, all routing weight */
+    double drop_count, drop_weight, total_weight;
+    group_info *info; /* [n_layer * n_expert] */
     int32_t n_info;
     nm_plan *plan;
 } planner;
@@ -272,6 +345,61 @@ static nm_status emit_groups(planner *pl, int32_t l, const expert_info *ex, int3
     return NM_OK;
 }
 
+/* ---- capacities ---- */
+
+/* The quantile rule: the index of the smallest of tiers[0..n) >= the
+ * expert's quantile load, the last if none is. */
+static int32_t quantile_tier(const planner *pl, int32_t l, int32_t e, const int32_t *tiers,
+                             int32_t n) {
+    const int32_t need = nm_calib_quantile(pl->calib, l, e, pl->params.quantile);
+    int32_t t = 0;
+    while (t < n - 1 && tiers[t] < need)
+        t++;
+    return t;
+}
+
+/* Whether the budget objective weighs what overflows by its routing weight
+ * (drop with router salience drops the lightest) or counts it. */
+static bool weighs(const nm_plan_params *p) {
+    return p->overflow == NM_OVERFLOW_DROP && p->salience == NM_SALIENCE_ROUTER;
+}
+
+/* Each expert's capacity in layer l: cap[n_expert] out. */
+static nm_status layer_capacities(const planner *pl, int32_t l, int32_t *cap, nm_error *err) {
+    const int32_t n_expert = pl->calib->n_expert;
+    const nm_plan *plan = pl->plan;
+    if (plan->objective == NM_PLAN_QUANTILE) {
+        for (int32_t e = 0; e < n_expert; e++)
+            cap[e] = plan->tiers[quantile_tier(pl, l, e, plan->tiers, plan->n_tiers)];
+        return NM_OK;
+    }
+    const int32_t g = plan->granule, m = plan->n_tiers - 1;
+    const int64_t budget = plan->budget_rows[l];
+    if (budget < (int64_t)n_expert * g)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "layer %d: a budget of %lld rows per chunk is less than the smallest "
+                         "tier, %d rows, for each of %d experts",
+                         l, (long long)budget, g, n_expert);
+    double *loss = nm_malloc((size_t)n_expert * (size_t)(m + 1) * sizeof(double));
+    int32_t *steps = nm_malloc((size_t)n_expert * sizeof(int32_t));
+    if (!loss || !steps) {
+        nm_free(loss);
+        nm_free(steps);
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    }
+    for (int32_t e = 0; e < n_expert; e++) {
+        nm_calib_predict_overflow(pl->calib, l, e, weighs(&pl->params), pl->pred);
+        for (int32_t j = 0; j <= m; j++)
+            loss[(size_t)e * (size_t)(m + 1) + (size_t)j] = pl->pred[plan->tiers[j]];
+    }
+    nm_plan_allocate(loss, n_expert, m, (budget - (int64_t)n_expert * g) / g, steps);
+    for (int32_t e = 0; e < n_expert; e++)
+        cap[e] = plan->tiers[steps[e]];
+    nm_free(loss);
+    nm_free(steps);
+    return NM_OK;
+}
+
 static nm_status plan_layer(planner *pl, int32_t l, nm_error *err) {
     const nm_calib *calib = pl->calib;
     const nm_profile *p = pl->profile;
@@ -279,11 +407,22 @@ static nm_status plan_layer(planner *pl, int32_t l, nm_error *err) {
     const int32_t *tiers = pl->plan->tiers;
     const int32_t n_tiers = pl->plan->n_tiers;
     expert_info *ex = pl->experts;
+    int32_t *cap = pl->caps;
+    nm_status st = layer_capacities(pl, l, cap, err);
+    if (st != NM_OK) return st;
+    if (pl->plan->objective == NM_PLAN_QUANTILE) /* the rows the rule reserves */
+        for (int32_t e = 0; e < n_expert; e++)
+            pl->plan->budget_rows[l] += cap[e];
     for (int32_t e = 0; e < n_expert; e++) {
-        const int32_t need = nm_calib_quantile(calib, l, e, pl->params.quantile);
         int32_t t = 0;
-        while (t < n_tiers - 1 && tiers[t] < need)
+        while (t < n_tiers && tiers[t] != cap[e])
             t++;
+        NM_ASSERT(t < n_tiers);
+        nm_calib_predict_overflow(calib, l, e, false, pl->pred);
+        pl->drop_count += pl->pred[cap[e]];
+        nm_calib_predict_overflow(calib, l, e, true, pl->pred);
+        pl->drop_weight += pl->pred[cap[e]];
+        pl->total_weight += pl->pred[0];
         ex[e] = (expert_info){
             .id = e,
             .tier = t,
@@ -312,7 +451,7 @@ static nm_status plan_layer(planner *pl, int32_t l, nm_error *err) {
                 best_g = g;
             }
         }
-        nm_status st = emit_groups(pl, l, ex + s, m, best_g, capacity, err);
+        st = emit_groups(pl, l, ex + s, m, best_g, capacity, err);
         if (st != NM_OK) return st;
         s += m;
     }
@@ -389,6 +528,26 @@ static void compute_costs(planner *pl) {
 /* ---- checks ---- */
 
 static nm_status check_params(const nm_plan_params *p, int32_t chunk, nm_error *err) {
+    if ((unsigned)p->objective >= NM_PLAN_OBJECTIVE_COUNT)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown objective %d", (int)p->objective);
+    if (p->budget_rows < 0 || !(p->budget_ms >= 0 && p->budget_ms <= 1e9))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "budget of %lld rows or %g ms: expected >= 0 (0 = the default)",
+                         (long long)p->budget_rows, p->budget_ms);
+    if (p->objective == NM_PLAN_BUDGET && p->tiers)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the budget objective takes its tiers from the granule (multiples of "
+                         "it); tiers are for the quantile objective");
+    if (p->objective == NM_PLAN_BUDGET && p->granule != 0 &&
+        (p->granule < 1 || p->granule > chunk || chunk % p->granule != 0 ||
+         chunk / p->granule > NM_PLAN_MAX_TIERS))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "granule %d: expected a divisor of the chunk (%d) of at least chunk/%d",
+                         p->granule, chunk, NM_PLAN_MAX_TIERS);
+    if (p->objective == NM_PLAN_QUANTILE && (p->budget_rows || p->budget_ms || p->granule))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "a budget or a granule is for the budget objective, not the quantile "
+                         "one");
     if (!(p->quantile > 0.0 && p->quantile <= 1.0))
         return nm_errorf(err, NM_ERR_INVALID_ARG, "quantile %g is not in (0, 1]", p->quantile);
     if ((unsigned)p->overflow >= NM_OVERFLOW_COUNT || (unsigned)p->salience >= NM_SALIENCE_COUNT)
@@ -413,20 +572,64 @@ static nm_status check_params(const nm_plan_params *p, int32_t chunk, nm_error *
     return NM_OK;
 }
 
+/* The quantile objective's default tiers: the powers of two in [T/64, T)
+ * and T; returns how many. */
+static int32_t default_tiers(int32_t chunk, int32_t *tiers) {
+    int32_t n = 0;
+    for (int64_t c = 1; c < chunk; c *= 2)
+        if (c * 64 >= chunk) tiers[n++] = (int32_t)c;
+    tiers[n++] = chunk;
+    return n;
+}
+
 static nm_status set_tiers(nm_plan *plan, const nm_plan_params *p, int32_t chunk, nm_error *err) {
     int32_t tiers[NM_PLAN_MAX_TIERS], n = 0;
-    if (p->tiers) {
+    if (p->objective == NM_PLAN_BUDGET) {
+        int32_t g = p->granule;
+        if (g == 0) /* the smallest divisor of the chunk >= chunk/16 */
+            for (g = chunk / 16 > 1 ? chunk / 16 : 1; chunk % g != 0; g++)
+                ;
+        plan->granule = g;
+        for (n = 0; n < chunk / g; n++)
+            tiers[n] = (n + 1) * g;
+    } else if (p->tiers) {
         for (n = 0; n < p->n_tiers; n++)
             tiers[n] = p->tiers[n];
     } else {
-        for (int64_t c = 1; c < chunk; c *= 2)
-            if (c * 64 >= chunk) tiers[n++] = (int32_t)c;
-        tiers[n++] = chunk;
+        n = default_tiers(chunk, tiers);
     }
     plan->tiers = nm_malloc((size_t)n * sizeof(int32_t));
     if (!plan->tiers) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
     memcpy(plan->tiers, tiers, (size_t)n * sizeof(int32_t));
     plan->n_tiers = n;
+    return NM_OK;
+}
+
+/* Each layer's budget of rows per chunk (budget objective). */
+static nm_status set_budgets(planner *pl, nm_error *err) {
+    nm_plan *plan = pl->plan;
+    const nm_plan_params *p = &pl->params;
+    plan->budget_rows = nm_calloc((size_t)plan->moe.n_layer, sizeof(int64_t));
+    if (!plan->budget_rows) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    if (plan->objective != NM_PLAN_BUDGET) return NM_OK;
+    double row_ms = 0;
+    if (!p->budget_rows && p->budget_ms > 0) {
+        nm_status st = nm_plan_row_ms(pl->profile, &row_ms, err);
+        if (st != NM_OK) return st;
+    }
+    int32_t tiers[NM_PLAN_MAX_TIERS];
+    const int32_t n = default_tiers(plan->moe.chunk, tiers);
+    for (int32_t l = 0; l < plan->moe.n_layer; l++) {
+        int64_t rows = p->budget_rows;
+        if (!rows && p->budget_ms > 0)
+            rows = (int64_t)floor(p->budget_ms / row_ms);
+        else if (!rows)
+            for (int32_t e = 0; e < plan->moe.n_expert; e++)
+                rows += tiers[quantile_tier(pl, l, e, tiers, n)];
+        /* no expert holds more than a chunk: a larger budget buys nothing */
+        const int64_t all = (int64_t)plan->moe.n_expert * plan->moe.chunk;
+        plan->budget_rows[l] = rows < all ? rows : all;
+    }
     return NM_OK;
 }
 
@@ -466,13 +669,16 @@ nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_pr
     nm_plan *plan = nm_calloc(1, sizeof *plan);
     pl.plan = plan;
     pl.experts = nm_malloc((size_t)n_expert * sizeof *pl.experts);
+    pl.caps = nm_malloc((size_t)n_expert * sizeof *pl.caps);
+    pl.pred = nm_malloc((size_t)(calib->chunk + 1) * sizeof *pl.pred);
     pl.info = nm_malloc((size_t)n_layer * (size_t)n_expert * sizeof *pl.info);
     if (plan) {
         plan->moe.layers = nm_calloc((size_t)n_layer, sizeof *plan->moe.layers);
         plan->layer_cost = nm_calloc((size_t)n_layer, sizeof *plan->layer_cost);
         plan->moe.n_layer = n_layer; /* after layers: nm_plan_free walks them */
     }
-    if (!plan || !pl.experts || !pl.info || !plan->moe.layers || !plan->layer_cost)
+    if (!plan || !pl.experts || !pl.caps || !pl.pred || !pl.info || !plan->moe.layers ||
+        !plan->layer_cost)
         st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
     if (st == NM_OK) {
         plan->fingerprint = calib->fingerprint;
@@ -482,11 +688,20 @@ nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_pr
         plan->moe.overflow = pl.params.overflow;
         plan->moe.salience = pl.params.salience;
         plan->quantile = pl.params.quantile;
+        plan->objective = pl.params.objective;
         st = set_tiers(plan, &pl.params, calib->chunk, err);
     }
+    if (st == NM_OK) st = set_budgets(&pl, err);
     for (int32_t l = 0; l < n_layer && st == NM_OK; l++)
         st = plan_layer(&pl, l, err);
-    if (st == NM_OK) st = apply_budget(&pl, err);
+    if (st == NM_OK) {
+        /* n_tokens * k assignments over n_chunks chunks in every layer */
+        const double per_chunk =
+            (double)calib->n_tokens * calib->k / (double)calib->n_chunks * n_layer;
+        plan->predicted_drop_rate = pl.drop_count / per_chunk;
+        plan->predicted_drop_weight = pl.total_weight > 0 ? pl.drop_weight / pl.total_weight : 0;
+        st = apply_budget(&pl, err);
+    }
     if (st == NM_OK) {
         compute_costs(&pl);
         st = nm_moe_plan_check(&plan->moe, n_layer, n_expert, err);
@@ -494,6 +709,8 @@ nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_pr
     }
     grid_free(&pl.grid);
     nm_free(pl.experts);
+    nm_free(pl.caps);
+    nm_free(pl.pred);
     nm_free(pl.info);
     if (st != NM_OK) {
         nm_plan_free(plan);

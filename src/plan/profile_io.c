@@ -100,7 +100,7 @@ nm_status nm_profile_save_memory(const nm_profile *p, char **text, size_t *n_byt
     nm_json_key(w, "format");
     nm_json_write_str(w, NM_PROFILE_FORMAT);
     nm_json_key(w, "version");
-    nm_json_write_int(w, NM_PLAN_FILE_VERSION);
+    nm_json_write_int(w, NM_PROFILE_FILE_VERSION);
     nm_json_key(w, "device");
     nm_json_write_str(w, p->device);
     nm_json_key(w, "d_model");
@@ -163,7 +163,8 @@ static nm_status read_weight_type(const nm_json *root, uint32_t *out, nm_error *
 
 static nm_status read_profile(const nm_json *root, void *ctx, nm_error *err) {
     nm_profile *p = ctx;
-    nm_status st = nm_plan_json_header(root, NM_PROFILE_FORMAT, err);
+    nm_status st = nm_plan_json_header(root, NM_PROFILE_FORMAT, NM_PROFILE_FILE_VERSION,
+                                       "measure the device again with `npumoe profile`", err);
     if (st != NM_OK) return st;
     const char *device;
     const nm_json *points;

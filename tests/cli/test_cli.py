@@ -341,6 +341,42 @@ def main():
           (r.stdout + r.stderr).decode()[-300:])
     r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan])
     check(r.returncode == 0 and os.path.exists(plan), "plan writes a plan", r.stderr.decode())
+    # the budget objective: --rows per layer and chunk, recorded with the prediction
+    rows_plan = os.path.join(tmp, "rows.json")
+    r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--rows", "300",
+                   "--granule", "4", "--overflow", "drop", "-o", rows_plan])
+    try:
+        with open(rows_plan) as f:
+            rp = json.load(f)
+    except (OSError, ValueError):
+        rp = {}
+    check(r.returncode == 0 and b"objective:  budget, 300 rows per layer and chunk" in r.stdout
+          and rp.get("objective") == "budget" and rp.get("granule") == 4
+          and all(l["budget_rows"] == 300 and
+                  sum(g["tier"] * len(g["experts"]) for g in l["groups"]) <= 300
+                  for l in rp.get("layers", [{}]))
+          and 0 <= rp.get("predicted_drop_rate", -1) <= 1,
+          "plan --rows makes a budgeted plan within the rows", (r.stdout + r.stderr).decode()[-400:])
+    expect_error(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--rows", "300",
+                        "--budget-ms", "1", "-o", rows_plan + "x"], "not both", "--rows and --budget-ms")
+    expect_error(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--objective",
+                        "best", "-o", rows_plan + "x"], "budget or quantile", "an unknown objective")
+    r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--budget-ms", "0.5",
+                   "-o", rows_plan + ".ms"])
+    check(r.returncode == 0 and b"objective:  budget, " in r.stdout, "plan --budget-ms",
+          (r.stdout + r.stderr).decode()[-300:])
+    with open(calib) as f:
+        old = f.read().replace('"version": 2', '"version": 1', 1)
+    with open(calib + ".v1", "w") as f:
+        f.write(old)
+    expect_error(bin_, ["plan", "-m", model, "--calib", calib + ".v1", "--profile", prof,
+                        "-o", rows_plan + "x"], "recalibrate", "a calibration of version 1")
+    r = run(bin_, ["compare", "-m", model, "-f", excerpt, "--ctx", "64", "--plan", rows_plan,
+                   "--mode", "grouped"])
+    err_text = r.stderr.decode()
+    check(r.returncode == 0 and "drop  rate:    predicted" in err_text
+          and "dropped weight:  predicted" in err_text,
+          "compare prints the predicted drop rate beside the measured", err_text[-400:])
     expect_error(bin_, ["plan", "-m", tiny, "--calib", calib, "--profile", prof, "-o", plan + "x"],
                  "fingerprint", "a calibration of another model")
     expect_error(bin_, ["run", "-m", tiny, "--plan", plan, "-p", "x"], "fingerprint",
@@ -385,7 +421,9 @@ def main():
     r = run(bin_, ["bench", "-m", model, "--plan", plan, "-f", excerpt, "--lengths", "64,128", "-r", "1",
                    "-o", prefix])
     out = r.stdout.decode()
-    check(r.returncode == 0 and "| 128 | npumoe |" in out and all(
+    check(r.returncode == 0 and "| 128 | npumoe |" in out and "spill rate:    predicted" in out
+          and "npumoe, prompt 128:\nspill" not in out
+          and all(
         os.path.exists(prefix + ext) for ext in [".md", ".json", ".svg"]), "bench writes its reports",
         out[-400:] + r.stderr.decode()[-300:])
 

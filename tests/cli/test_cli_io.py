@@ -358,7 +358,11 @@ def test_help(b):
     def option_text(help_text, name):
         """The help of option --name: its line and the indented lines after it."""
         lines = help_text.splitlines()
+        # the options section only: a wrapped usage line may begin with --name too
+        start = lines.index("options:") if "options:" in lines else 0
         for i, l in enumerate(lines):
+            if i < start:
+                continue
             if re.match(r"\s+(-\w, )?--%s\b" % re.escape(name), l):
                 out = [l]
                 for k in lines[i + 1:]:

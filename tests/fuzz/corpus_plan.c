@@ -53,7 +53,9 @@ int main(int argc, char **argv) {
                 loads[(t + l) % 4]++;
                 loads[4 + (t * chunk + l) % 4]++;
             }
-            nm_calib_record(c, l, loads, 8);
+            const float weights[16] = {0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f, 0.3f, 0.2f,
+                                       0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
+            nm_calib_record(c, l, loads, 8, weights);
         }
     char *text = NULL;
     size_t n = 0;
@@ -91,19 +93,21 @@ int main(int argc, char **argv) {
     }
 
     static const char small_calib[] =
-        "{\"format\": \"npumoe-calib\", \"version\": 1, \"fingerprint\": \"0123456789abcdef\",\n"
+        "{\"format\": \"npumoe-calib\", \"version\": 2, \"fingerprint\": \"0123456789abcdef\",\n"
         " \"chunk\": 4, \"k\": 1, \"n_layer\": 1, \"n_expert\": 2, \"n_chunks\": 2, \"n_tokens\": "
         "6,\n"
         " \"layers\": [{\"experts\": [\n"
         "  {\"mean\": 1.5, \"max\": 3, \"q50\": 0, \"q90\": 3, \"q95\": 3, \"q99\": 3,\n"
-        "   \"hist\": [[0, 1], [3, 1]]},\n"
+        "   \"hist\": [[0, 1], [3, 1]], \"ranked\": [1, 1, 1]},\n"
         "  {\"mean\": 1.5, \"max\": 2, \"q50\": 1, \"q90\": 2, \"q95\": 2, \"q99\": 2,\n"
-        "   \"hist\": [[1, 1], [2, 1]]}]}]}\n";
+        "   \"hist\": [[1, 1], [2, 1]], \"ranked\": [2, 1]}]}]}\n";
     static const char small_plan[] =
-        "{\"format\": \"npumoe-plan\", \"version\": 1, \"fingerprint\": \"0123456789abcdef\",\n"
+        "{\"format\": \"npumoe-plan\", \"version\": 2, \"fingerprint\": \"0123456789abcdef\",\n"
         " \"device\": \"cpu\", \"chunk\": 4, \"n_layer\": 1, \"n_expert\": 3, \"tiers\": [1, 4],\n"
-        " \"overflow\": \"drop\", \"salience\": \"input-norm\", \"quantile\": 0.5,\n"
-        " \"predicted_chunk_ms\": 0.5, \"device_bytes\": 0, \"layers\": [{\"groups\": [\n"
+        " \"overflow\": \"drop\", \"salience\": \"input-norm\", \"objective\": \"quantile\",\n"
+        " \"granule\": 0, \"quantile\": 0.5, \"predicted_drop_rate\": 0.125,\n"
+        " \"predicted_drop_weight\": 0.1, \"predicted_chunk_ms\": 0.5, \"device_bytes\": 0,\n"
+        " \"layers\": [{\"budget_rows\": 9, \"groups\": [\n"
         "  {\"tier\": 4, \"experts\": [2, 0], \"device\": true},\n"
         "  {\"tier\": 1, \"experts\": [1], \"device\": false}],\n"
         "  \"cost\": {\"device_ms\": 0.5, \"host_ms\": 0.25, \"chunk_ms\": 0.5}}]}\n";

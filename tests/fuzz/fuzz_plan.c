@@ -33,6 +33,7 @@ static nm_plan_params params_for(size_t size) {
     nm_plan_params pp = nm_plan_default_params();
     pp.overflow = size % 2 ? NM_OVERFLOW_DROP : NM_OVERFLOW_SPILL;
     if (size % 3 == 0) pp.device_memory_bytes = 40000;
+    if (size % 5 == 0) pp.objective = NM_PLAN_QUANTILE;
     return pp;
 }
 
@@ -56,6 +57,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     require(nm_calib_new(model, 16, &fixed_calib, &err) == NM_OK, err.msg);
     const int32_t n_expert = model->hp.n_expert;
     int32_t loads[64] = {0};
+    float weights[32];
+    for (int i = 0; i < 32; i++) /* two per token, any order */
+        weights[i] = i % 2 ? 0.25f + 0.01f * (float)(i % 7) : 0.75f - 0.01f * (float)(i % 7);
     require(n_expert <= 64 && model->hp.n_expert_used == 2, "the tiny model is 8 experts top-2");
     for (int c = 0; c < 20; c++)
         for (int32_t l = 0; l < model->hp.n_layer; l++) {
@@ -64,7 +68,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                 loads[(t * t + c + l) % n_expert]++;
                 loads[(t * t + c + l + 1 + t % 3) % n_expert]++;
             }
-            nm_calib_record(fixed_calib, l, loads, n_expert);
+            nm_calib_record(fixed_calib, l, loads, n_expert, weights);
         }
     fixed_profile = (nm_profile){.d_model = model->hp.n_embd,
                                  .d_ff = model->hp.n_ff_exp,

@@ -59,6 +59,7 @@ typedef struct bench {
     int32_t n_layer;
     double predicted_chunk_ms; /* the plan's, 0 without a plan */
     const char *model;         /* the file's name, for the plot's title */
+    nm_plan *plan;             /* for its predicted overflow; NULL without one */
     cell *cells;               /* [n_lengths][n_modes] */
 } bench;
 
@@ -133,6 +134,14 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
                 b->lengths[li], b->predicted_chunk_ms, measured,
                 100.0 * (measured / b->predicted_chunk_ms - 1.0));
     }
+    for (int li = 0; b->plan && li < b->n_lengths; li++)
+        for (int mi = 0; mi < b->n_modes; mi++) {
+            /* npumoe mode: the host groups keep everything, so the plan's
+             * capacities, and what it predicts, apply only in tiers and grouped */
+            if (b->modes[mi] != NM_MODE_TIERS && b->modes[mi] != NM_MODE_GROUPED) continue;
+            fprintf(f, "\n%s, prompt %d:\n", nm_mode_name(b->modes[mi]), b->lengths[li]);
+            print_overflow_prediction(f, b->plan, &at(b, li, mi)->total);
+        }
     fprintf(f,
             "\nTTFT: prefill of the whole prompt plus sampling the first token; ratios are of "
             "median TTFT (higher = faster than that mode). Device: %s; chunk %d; %d "
@@ -357,7 +366,7 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     if (o->plan) st = nm_plan_load(o->plan, model, &plan, &err);
     b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
     b.predicted_chunk_ms = plan ? plan->predicted_chunk_ms : 0.0;
-    nm_plan_free(plan);
+    b.plan = plan;
     nm_model_info mi;
     nm_model_get_info(model, &mi);
     b.n_layer = mi.n_layer;
@@ -389,6 +398,7 @@ int cmd_bench(nm_model *model, const cli_options *o) {
                  write_report(o->output, "svg", &b, device, svg_writer);
     }
     free(b.cells);
+    nm_plan_free(b.plan);
     free(ids);
     free(text);
     return rc;

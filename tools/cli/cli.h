@@ -70,6 +70,9 @@ int parse_int_list(const char *text, const char *what, int32_t lo, int32_t hi, i
 bool cli_no_repack(const cli_options *o);
 
 int cmd_score(nm_model *model, const cli_options *o, bool compare);
+/* The plan's predicted overflow (dropped or spilled share of the
+ * assignments; with drop, of the routing weight) beside t's measured. */
+void print_overflow_prediction(FILE *f, const nm_plan *plan, const nm_moe_layer_metrics *t);
 int cmd_calibrate(nm_model *model, const cli_options *o);
 int cmd_profile(nm_model *model, const cli_options *o);
 int cmd_plan(nm_model *model, const cli_options *o);

@@ -50,23 +50,40 @@ void print_metrics_text(FILE *f, const nm_session_metrics *m) {
     fprintf(f, "drop rate:       %.3f%% of %llu assignments\n",
             100.0 * ratio(t->dropped, t->assignments), (unsigned long long)t->assignments);
     fprintf(f, "spill rate:      %.3f%%\n", 100.0 * ratio(t->spilled, t->assignments));
+    if (t->dropped)
+        fprintf(f, "dropped weight:  %.3f%% of the routing weight\n",
+                100.0 * (t->weight > 0 ? t->dropped_weight / t->weight : 0.0));
     fprintf(f, "device busy:     %.2f ms; host waited %.2f ms; host experts %.2f ms\n",
             (double)m->device.busy_ns * 1e-6, (double)t->wait_ns * 1e-6, (double)t->host_ns * 1e-6);
+}
+
+void print_overflow_prediction(FILE *f, const nm_plan *plan, const nm_moe_layer_metrics *t) {
+    const bool drop = plan->moe.overflow == NM_OVERFLOW_DROP;
+    fprintf(f,
+            "%s rate:    predicted %.3f%% (the plan, on its calibration), measured %.3f%% of "
+            "assignments\n",
+            drop ? "drop " : "spill", 100.0 * plan->predicted_drop_rate,
+            100.0 * ratio(t->dropped + t->spilled, t->assignments));
+    if (drop)
+        fprintf(f, "dropped weight:  predicted %.3f%%, measured %.3f%% of the routing weight\n",
+                100.0 * plan->predicted_drop_weight,
+                100.0 * (t->weight > 0 ? t->dropped_weight / t->weight : 0.0));
 }
 
 static void layer_json(FILE *f, const nm_moe_layer_metrics *l) {
     fprintf(f,
             "{\"chunks\":%llu,\"assignments\":%llu,\"dropped\":%llu,\"spilled\":%llu,"
             "\"host_rows\":%llu,\"device_rows\":%llu,\"reserved_rows\":%llu,\"dispatches\":%llu,"
-            "\"padding_waste\":%.6f,\"drop_rate\":%.6f,\"spill_rate\":%.6f,\"host_ms\":%.3f,"
-            "\"wait_ms\":%.3f}",
+            "\"padding_waste\":%.6f,\"drop_rate\":%.6f,\"spill_rate\":%.6f,"
+            "\"dropped_weight\":%.6f,\"host_ms\":%.3f,\"wait_ms\":%.3f}",
             (unsigned long long)l->chunks, (unsigned long long)l->assignments,
             (unsigned long long)l->dropped, (unsigned long long)l->spilled,
             (unsigned long long)l->host_rows, (unsigned long long)l->device_rows,
             (unsigned long long)l->reserved_rows, (unsigned long long)l->dispatches,
             ratio(l->reserved_rows - l->device_rows, l->reserved_rows),
             ratio(l->dropped, l->assignments), ratio(l->spilled, l->assignments),
-            (double)l->host_ns * 1e-6, (double)l->wait_ns * 1e-6);
+            l->weight > 0 ? l->dropped_weight / l->weight : 0.0, (double)l->host_ns * 1e-6,
+            (double)l->wait_ns * 1e-6);
 }
 
 void print_metrics_json(FILE *f, const nm_session_metrics *m) {

@@ -229,6 +229,16 @@ int cmd_plan(nm_model *model, const cli_options *o) {
         pp.n_tiers = n;
     }
     if (o->quantile > 0) pp.quantile = o->quantile;
+    /* --tiers alone means the quantile objective, whose option it is */
+    if (o->objective ? strcmp(o->objective, "quantile") == 0 : o->tiers != NULL)
+        pp.objective = NM_PLAN_QUANTILE;
+    else if (o->objective && strcmp(o->objective, "budget") != 0)
+        return fail("--objective: '%s' is not budget or quantile%s", o->objective, "");
+    if (o->rows && o->budget_ms > 0)
+        return fail("give --rows or --budget-ms, not both%s%s", "", "");
+    pp.budget_rows = o->rows;
+    pp.budget_ms = o->budget_ms;
+    pp.granule = o->granule;
     if (o->overflow) st = nm_overflow_parse(o->overflow, &pp.overflow, &err);
     if (st == NM_OK && o->salience) st = nm_salience_parse(o->salience, &pp.salience, &err);
     pp.device_memory_bytes = o->device_memory;

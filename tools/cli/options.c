@@ -110,8 +110,16 @@ static const option_def option_table[] = {
      "calibration made by npumoe calibrate"},
     {"profile", 0, KIND_STR, F(profile), 0, 0, CMD_PLAN, "FILE",
      "device profile made by npumoe profile"},
+    {"objective", 0, KIND_STR, F(objective), 0, 0, CMD_PLAN, "budget|quantile",
+     "capacities: least expected overflow within a row budget (default), or per-expert quantiles"},
+    {"rows", 0, KIND_I32, F(rows), 1, 1 << 30, CMD_PLAN, "N",
+     "budget: rows per layer and chunk (default: what the quantile rule would reserve)"},
+    {"budget-ms", 0, KIND_F32, F(budget_ms), 1e-6, 1e9, CMD_PLAN, "MS",
+     "budget: device time per layer and chunk, at the profile's per-row cost"},
+    {"granule", 0, KIND_I32, F(granule), 1, 1 << 16, CMD_PLAN, "N",
+     "budget: capacities are multiples of N, a divisor of the chunk (default chunk/16)"},
     {"tiers", 0, KIND_STR, F(tiers), 0, 0, CMD_PLAN, "LIST",
-     "candidate capacities, ascending, comma separated (default: from the chunk)"},
+     "quantile: candidate capacities, ascending, comma separated (default: from the chunk)"},
     {"quantile", 0, KIND_F32, F(quantile), 1e-6, 1, CMD_PLAN, "Q",
      "each expert's tier covers this quantile of its per-chunk load (default 0.95)"},
     {"overflow", 0, KIND_STR, F(overflow), 0, 0, CMD_PLAN, "drop|spill",
@@ -187,8 +195,9 @@ static const struct {
      "measure the device's dispatch+sync latency and grouped-graph times, and the host's cost "
      "per expert row, with the model's expert shapes"},
     {"plan", CMD_PLAN,
-     "plan -m MODEL --calib CALIB --profile PROFILE [--tiers LIST] [--quantile Q] "
-     "[--overflow drop|spill] [--salience P] [--device-memory BYTES] -o PLAN.json",
+     "plan -m MODEL --calib CALIB --profile PROFILE [--rows N | --budget-ms MS] [--granule N] "
+     "[--objective quantile --tiers LIST --quantile Q] [--overflow drop|spill] [--salience P] "
+     "[--device-memory BYTES] -o PLAN.json",
      "static capacity tiers, grouped graphs and residency from a calibration and a profile"},
     {"bench", CMD_BENCH,
      "bench -m MODEL --plan PLAN [-f TEXT] [--modes LIST] [--lengths LIST] [-r N] [-o PREFIX]\n"

@@ -52,6 +52,10 @@ typedef struct cli_options {
     const char *profile;
     const char *tiers;
     float quantile;
+    const char *objective; /* plan: budget or quantile */
+    int32_t rows;          /* plan: rows per layer and chunk */
+    float budget_ms;       /* plan: device ms per layer and chunk */
+    int32_t granule;       /* plan: capacities are multiples of it */
     const char *overflow;
     const char *salience;
     uint64_t device_memory;

@@ -2,6 +2,8 @@
  * reference session and, for compare, a candidate configuration. */
 #include "cli.h"
 
+#include "plan/plan.h"
+
 #include <inttypes.h>
 #include <stdlib.h>
 
@@ -83,6 +85,7 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
         /* the static path's metrics: the candidate's in compare, else the session's */
         nm_session_metrics mt;
         nm_session_get_metrics(compare ? cand_cs.session : ref_cs.session, &mt);
+        const nm_plan *used_plan = compare ? cand_cs.plan : ref_cs.plan;
         if (o->json) {
             printf("{\"n_ctx\":%d,\"windows\":%d,\"tokens_scored\":%" PRIu64
                    ",\"perplexity\":%.6f,\"perplexity_err\":%.6f",
@@ -93,6 +96,9 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
                        "\"top1_agreement\":%.6f",
                        cppl, cppl_err, 100.0 * (cppl / ppl - 1.0), acc.kl_sum / scored, acc.kl_max,
                        (double)acc.top1_same / scored);
+            if (used_plan)
+                printf(",\"predicted_drop_rate\":%.6f,\"predicted_drop_weight\":%.6f",
+                       used_plan->predicted_drop_rate, used_plan->predicted_drop_weight);
             printf(",\"seconds\":%.3f,\"moe\":", seconds);
             print_metrics_json(stdout, &mt);
             printf("}\n");
@@ -108,6 +114,10 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
             printf("perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
         }
         if (!o->json) print_metrics_text(stderr, &mt);
+        /* npumoe mode: the host groups keep everything, so the plan's
+         * capacities, and what it predicts, apply only in tiers and grouped */
+        if (!o->json && used_plan && (mt.mode == NM_MODE_TIERS || mt.mode == NM_MODE_GROUPED))
+            print_overflow_prediction(stderr, used_plan, &mt.total);
     }
     free(ids);
     close_session(&ref_cs);

@@ -3,7 +3,8 @@
 with its own byte-level BPE tokenizer, on the CPU, deterministically from a
 seed; exports it as a qwen3moe GGUF and measures it.
 
-    train.py train  --workdir DIR [--preset small|tiny] [--seed N] [--steps N]
+    train.py train  --workdir DIR [--preset small|tiny] [--seed N] [--steps N] [--layers N]
+                    [--aux-coef X]
     train.py export --workdir DIR -o FILE.gguf [--type f16|bf16|f32]
     train.py eval   --workdir DIR [--type f16|bf16|f32]
 
@@ -187,7 +188,7 @@ def load_model(workdir):
 
 def cmd_train(a):
     preset = PRESETS[a.preset]
-    cfg = Config(**preset["config"])
+    cfg = Config(**dict(preset["config"], **({"n_layer": a.layers} if a.layers else {})))
     steps = a.steps or preset["steps"]
     if a.aux_coef is not None:
         preset = dict(preset, aux_coef=a.aux_coef)
@@ -358,6 +359,8 @@ def main(argv):
     t.add_argument("--steps", type=int, default=0, help="training steps (default: the preset's)")
     t.add_argument("--max-docs", type=int, default=None,
                    help="use only the first N training chapters (default: the preset's; 0 = all)")
+    t.add_argument("--layers", type=int, default=0,
+                   help="number of layers (default: the preset's)")
     t.add_argument("--aux-coef", type=float, default=None,
                    help="load-balancing loss coefficient (default: the preset's)")
     t.add_argument("--ckpt-every", type=int, default=50)
