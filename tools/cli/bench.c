@@ -57,11 +57,15 @@ typedef struct bench {
     int32_t lengths[MAX_LENGTHS];
     int32_t chunk;
     int32_t n_layer;
-    double predicted_chunk_ms; /* the plan's, 0 without a plan */
-    const char *model;         /* the file's name, for the plot's title */
-    nm_plan *plan;             /* for its predicted overflow; NULL without one */
-    cell *cells;               /* [n_lengths][n_modes] */
+    const char *model; /* the file's name, for the plot's title */
+    nm_plan *plan;     /* for its predicted overflow; NULL without one */
+    cell *cells;       /* [n_lengths][n_modes] */
 } bench;
+
+/* The plan's predicted time of a layer's chunk, 0 without a plan. */
+static double predicted_chunk_ms(const bench *b) {
+    return b->plan ? b->plan->predicted_chunk_ms : 0.0;
+}
 
 /* Repetitions whose range passes this share of their median say the machine
  * was busy: a ratio of two such medians is not to be trusted. */
@@ -126,13 +130,13 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
                         100.0 * SPREAD_LIMIT);
         }
     const int i_npumoe = index_of(b, NM_MODE_NPUMOE);
-    for (int li = 0; i_npumoe >= 0 && b->predicted_chunk_ms > 0 && li < b->n_lengths; li++) {
+    for (int li = 0; i_npumoe >= 0 && predicted_chunk_ms(b) > 0 && li < b->n_lengths; li++) {
         const double measured = moe_ms_per_chunk(b, at(b, li, i_npumoe));
         fprintf(f,
                 "\nnpumoe, prompt %d: the plan predicts %.3f ms of MoE per chunk, measured %.3f ms "
                 "(%+.1f%%).",
-                b->lengths[li], b->predicted_chunk_ms, measured,
-                100.0 * (measured / b->predicted_chunk_ms - 1.0));
+                b->lengths[li], predicted_chunk_ms(b), measured,
+                100.0 * (measured / predicted_chunk_ms(b) - 1.0));
     }
     for (int li = 0; b->plan && li < b->n_lengths; li++)
         for (int mi = 0; mi < b->n_modes; mi++) {
@@ -170,7 +174,7 @@ static void write_json(FILE *f, const bench *b, const char *device) {
                     ratio(m->dropped, m->assignments), ratio(m->spilled, m->assignments),
                     moe_ms_per_chunk(b, c));
         }
-    fprintf(f, "],\"predicted_chunk_ms\":%.4f}\n", b->predicted_chunk_ms);
+    fprintf(f, "],\"predicted_chunk_ms\":%.4f}\n", predicted_chunk_ms(b));
 }
 
 /* A round step (1, 2 or 5 times a power of ten) that covers [0, max] in at
@@ -365,7 +369,6 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     nm_status st = NM_OK;
     if (o->plan) st = nm_plan_load(o->plan, model, &plan, &err);
     b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
-    b.predicted_chunk_ms = plan ? plan->predicted_chunk_ms : 0.0;
     b.plan = plan;
     nm_model_info mi;
     nm_model_get_info(model, &mi);
