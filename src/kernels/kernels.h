@@ -6,6 +6,8 @@
 #ifndef NM_KERNELS_H
 #define NM_KERNELS_H
 
+#include "npumoe.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -97,6 +99,43 @@ bool nm_mat_repack_wanted(const nm_mat *w);
  * [16a, 16b) come out the same whatever the other rows, so a matrix may be
  * repacked in parts that start at multiples of 16 rows. */
 nm_mat nm_mat_repack(const nm_mat *w, void *dst);
+
+/* ---- weights prepared for the kernels at load ---- */
+
+/* A weight matrix, or a stack of count matrices stride bytes apart (count
+ * 1: a single matrix, stride unused), that nm_kernels_prepare may move into
+ * the active variant's own layout: *mat is then updated in place. */
+typedef struct nm_prepare_item {
+    nm_mat *mat;
+    size_t stride;
+    int32_t count;
+} nm_prepare_item;
+
+/* What nm_kernels_prepare made: the copies, in one anonymous mapping,
+ * read-only once made. Zero bytes (and data NULL) when nothing wanted one. */
+typedef struct nm_prepared {
+    void *data;
+    size_t bytes;
+    int32_t n_tensors;  /* items copied (a stack counts once) */
+    nm_kernels_isa isa; /* the variant whose layout they are in */
+} nm_prepared;
+
+/* Called once for each range of source bytes after it has been copied and
+ * will not be read again (a loader releases the file's pages of it); from
+ * several threads at once. */
+typedef void (*nm_release_fn)(void *ctx, const void *data, size_t n_bytes);
+
+/* Prepares the model's weight matrices for the variant in use, which owns
+ * its layouts: each item it computes faster from a copy of its own
+ * (nm_mat_repack_wanted) is copied, in parts of a few MiB on one thread per
+ * online CPU, into one mapping, and its nm_mat then points there; the
+ * others are left as they are. release may be NULL. Every matmul gives the
+ * same bits after as before. On failure (NM_ERR_NOMEM) nothing is changed
+ * and *out is empty. Free with nm_prepared_free after the last use of the
+ * matrices. */
+nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_fn release,
+                             void *release_ctx, nm_prepared *out, nm_error *err);
+void nm_prepared_free(nm_prepared *prepared);
 
 /* The experts of one layer, as three stacks of matrices in the file. */
 typedef struct nm_expert_weights {

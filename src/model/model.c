@@ -9,7 +9,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 
 static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe, &nm_arch_llama,
                                             &nm_arch_phimoe};
@@ -139,130 +138,46 @@ nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int
     return NM_OK;
 }
 
-/* ---- weights in the kernels' own layout ---- */
+/* ---- weights prepared for the kernels ---- */
 
-/* Rows copied at a time: whole groups of 16 of about this many bytes, so
- * that the file's pages of them leave memory soon after they are read (the
- * peak stays near the final size, not that plus the largest tensor), and
- * the threads share the work evenly. */
-enum { REPACK_PART_BYTES = 4 << 20 };
-
-/* One part of the copy: rows of one matrix and where they go. */
-typedef struct repack_part {
-    nm_mat rows;
-    uint8_t *dst;
-} repack_part;
-
-/* The copies: sizes and parts are counted while buf is NULL, then laid out
- * in buf. */
-typedef struct repack_ctx {
-    const nm_gguf *gguf;
-    uint8_t *buf;
-    size_t used;
-    int n_tensors;
-    repack_part *parts; /* [n_parts] when buf is set */
-    size_t n_parts;
-} repack_ctx;
-
-/* A matrix (count 1) or a stack of count matrices stride bytes apart: its
- * copy in the layout the kernels want, if they want one. */
-static void repack_stack(repack_ctx *c, nm_mat *first, size_t stride, int32_t count) {
-    if (!nm_mat_repack_wanted(first)) return;
-    const size_t mat_bytes = (size_t)first->n * first->row_bytes;
-    if (count == 1) stride = mat_bytes;
-    NM_ASSERT(stride == mat_bytes && count >= 1);
-    const size_t bytes = stride * (size_t)count;
-    uint8_t *dst = c->buf ? c->buf + c->used : NULL;
-    c->used += (bytes + 63) / 64 * 64; /* each copy starts on a cache line */
-    c->n_tensors++;
-    int64_t part = (int64_t)(REPACK_PART_BYTES / first->row_bytes) / 16 * 16;
-    if (part < 16) part = 16;
-    for (int32_t e = 0; e < count; e++) {
-        const nm_mat mat = nm_expert_mat(first, stride, e);
-        for (int64_t r0 = 0; r0 < mat.n;) {
-            /* the last part takes the rows after the last whole part */
-            const int64_t r1 = mat.n - r0 < 2 * part ? mat.n : r0 + part;
-            if (dst) {
-                repack_part *p = &c->parts[c->n_parts];
-                p->rows = mat;
-                p->rows.data = (const uint8_t *)mat.data + (size_t)r0 * mat.row_bytes;
-                p->rows.n = r1 - r0;
-                p->dst = dst + (size_t)e * stride + (size_t)r0 * mat.row_bytes;
-            }
-            c->n_parts++;
-            r0 = r1;
-        }
-    }
-    if (!dst) return;
-    first->data = dst;
-    first->layout = NM_LAYOUT_PANEL16;
+static void release_pages(void *ctx, const void *data, size_t n_bytes) {
+    nm_gguf_drop_pages(ctx, data, n_bytes);
 }
 
-/* Every matrix the forward pass multiplies with; not token_embd, which is
- * also read by rows (an output tied to it stays in the file's layout). */
-static void repack_all(nm_model *m, repack_ctx *c) {
+/* Every matrix the forward pass multiplies with, handed to the kernels,
+ * which copy those they want in a layout of their own; not token_embd,
+ * which is also read by rows (an output tied to it stays as it is). */
+static nm_status prepare_weights(nm_model *m, nm_error *err) {
+    enum { PER_LAYER = 8 };
+    const size_t cap = (size_t)m->hp.n_layer * PER_LAYER + 1;
+    nm_prepare_item *items = nm_malloc(cap * sizeof *items);
+    if (!items) return nm_errorf(err, NM_ERR_NOMEM, "out of memory listing the weights");
+    size_t n = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         nm_layer *l = &m->layers[il];
-        repack_stack(c, &l->wq, 0, 1);
-        repack_stack(c, &l->wk, 0, 1);
-        repack_stack(c, &l->wv, 0, 1);
-        repack_stack(c, &l->wo, 0, 1);
-        repack_stack(c, &l->router, 0, 1);
         nm_expert_weights *x = &l->experts;
-        repack_stack(c, &x->gate, x->gate_stride, x->n_expert);
-        repack_stack(c, &x->up, x->up_stride, x->n_expert);
-        repack_stack(c, &x->down, x->down_stride, x->n_expert);
+        const nm_prepare_item layer[PER_LAYER] = {
+            {&l->wq, 0, 1},
+            {&l->wk, 0, 1},
+            {&l->wv, 0, 1},
+            {&l->wo, 0, 1},
+            {&l->router, 0, 1},
+            {&x->gate, x->gate_stride, x->n_expert},
+            {&x->up, x->up_stride, x->n_expert},
+            {&x->down, x->down_stride, x->n_expert},
+        };
+        for (int i = 0; i < PER_LAYER; i++)
+            items[n++] = layer[i];
     }
-    if (!m->tied_output) repack_stack(c, &m->output, 0, 1);
-}
-
-static void repack_task(void *ctx, int i, int thread) {
-    (void)thread;
-    const repack_ctx *c = ctx;
-    const repack_part *p = &c->parts[i];
-    nm_mat_repack(&p->rows, p->dst);
-    nm_gguf_drop_pages(c->gguf, p->rows.data, (size_t)p->rows.n * p->rows.row_bytes);
-}
-
-/* The copies, made by one thread per online CPU. */
-static nm_status repack_weights(nm_model *m, nm_error *err) {
-    repack_ctx c = {.gguf = m->gguf};
-    repack_all(m, &c);
-    if (c.used == 0) return NM_OK;
-    if (c.n_parts > INT32_MAX)
-        return nm_errorf(err, NM_ERR_UNSUPPORTED, "%zu parts of weights to repack", c.n_parts);
-    void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED)
-        return nm_errorf(err, NM_ERR_NOMEM,
-                         "out of memory for the weights in the kernels' layout (%.1f MiB); "
-                         "--no-repack computes from the file's",
-                         (double)c.used / 1048576.0);
-    /* huge pages where the system gives them: a fault per 2 MiB instead of
-     * per 4 KiB as the copy is written (a bare test here, 2.8 GiB: 0.9-1.1 s
-     * with, 1.2-1.3 s without, after a first run of 2.6-3.3 s either way);
-     * advice, so a failure is harmless */
-    (void)madvise(buf, c.used, MADV_HUGEPAGE);
-    m->repacked = buf;
-    m->repacked_bytes = c.used;
-    repack_part *parts = nm_calloc(c.n_parts, sizeof *parts);
-    nm_pool *pool = NULL;
-    nm_status st = parts ? nm_pool_new(nm_cpu_count(), &pool, err)
-                         : nm_errorf(err, NM_ERR_NOMEM, "out of memory for the repacking");
-    if (st == NM_OK) {
-        c = (repack_ctx){.gguf = m->gguf, .buf = buf, .parts = parts};
-        repack_all(m, &c);
-        m->repacked_tensors = c.n_tensors;
-        nm_pool_run(pool, repack_task, &c, (int)c.n_parts);
-        (void)mprotect(buf, c.used, PROT_READ); /* read-only like the file; advice too */
-    }
-    nm_pool_free(pool);
-    nm_free(parts);
+    if (!m->tied_output) items[n++] = (nm_prepare_item){&m->output, 0, 1};
+    nm_status st = nm_kernels_prepare(items, n, release_pages, m->gguf, &m->prepared, err);
+    nm_free(items);
     return st;
 }
 
 void nm_model_free(nm_model *model) {
     if (!model) return;
-    if (model->repacked) munmap(model->repacked, model->repacked_bytes);
+    nm_prepared_free(&model->prepared);
     nm_tokenizer_free(model->tok);
     nm_free(model->layers);
     nm_gguf_close(model->gguf);
@@ -297,7 +212,7 @@ static nm_status load_into(nm_model *m, const char *path, bool repack, bool voca
                          "vocabulary-only file, which only tokenize and info read");
     st = m->arch->load(m, err);
     if (st != NM_OK) return st;
-    if (repack && (st = repack_weights(m, err)) != NM_OK) return st;
+    if (repack && (st = prepare_weights(m, err)) != NM_OK) return st;
     NM_ASSERT(m->route != NULL);
     if (nm_tokenizer_n_vocab(m->tok) != m->hp.n_vocab)
         return nm_errorf(err, NM_ERR_FORMAT,
@@ -308,7 +223,6 @@ static nm_status load_into(nm_model *m, const char *path, bool repack, bool voca
 
 nm_status nm_model_load(const char *path, const nm_model_params *params, nm_model **out,
                         nm_error *err) {
-    (void)params;
     *out = NULL;
     if (!path) return nm_errorf(err, NM_ERR_INVALID_ARG, "no model path given");
     nm_model *m = nm_calloc(1, sizeof *m);
@@ -345,7 +259,7 @@ void nm_model_get_info(const nm_model *model, nm_model_info *out) {
     out->add_bos = nm_tokenizer_add_bos(model->tok);
     for (uint64_t i = 0; i < nm_gguf_n_tensors(model->gguf); i++)
         out->weight_bytes += nm_gguf_tensor_at(model->gguf, i)->n_bytes;
-    out->repacked_bytes = model->repacked_bytes;
+    out->repacked_bytes = model->prepared.bytes;
     out->vocab_only = model->vocab_only;
 }
 
@@ -383,10 +297,10 @@ void nm_model_describe(const nm_model *model, void *file) {
             model->compat == NM_COMPAT_LLAMA_CPP ? "llama.cpp compat" : "as trained");
     fprintf(f, "output:              %s\n",
             model->tied_output ? "tied to token_embd" : "own tensor");
-    if (model->repacked_tensors)
+    if (model->prepared.n_tensors)
         fprintf(f, "repacked:            %d tensors, %.2f MiB, for the %s kernels\n",
-                model->repacked_tensors, (double)model->repacked_bytes / 1048576.0,
-                nm_kernels_isa_name(nm_kernels_active()));
+                model->prepared.n_tensors, (double)model->prepared.bytes / 1048576.0,
+                nm_kernels_isa_name(model->prepared.isa));
     else
         fprintf(f, "repacked:            none\n");
 

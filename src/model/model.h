@@ -98,11 +98,9 @@ struct nm_model {
     const float *rope_factors_long;  /* [n_rot / 2] or NULL, past n_ctx_orig  */
     nm_compat compat;
     nm_route_fn route; /* the architecture's routing under compat */
-    /* copies of weights in the kernels' own layout (nm_mat_repack), which
-     * the nm_mat above then point into; NULL when none */
-    void *repacked;
-    size_t repacked_bytes;
-    int repacked_tensors;
+    /* copies of weights the kernels wanted in a layout of their own
+     * (nm_kernels_prepare), which the nm_mat above then point into */
+    nm_prepared prepared;
 };
 
 /* ---- helpers for adapters (model.c) ---- */
