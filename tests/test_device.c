@@ -456,6 +456,53 @@ static void check_profile(nm_device *dev, const nm_expert_weights *w, nm_pool *h
     CHECK(p.points == NULL && p.n_points == 0);
 }
 
+/* ---- what a device supports ---- */
+
+/* A device supports a type when it runs graphs over it: each type it
+ * claims gets random graphs checked against the host, and it claims at
+ * least what the host computes with. A type it does not claim (Q2_K here,
+ * in one matrix) is refused by nm_device_check_ffn and by the profile
+ * before anything is compiled or measured. */
+static void check_supports(nm_device *dev, const nm_expert_weights *tiny, nm_pool *host) {
+    for (uint32_t t = 0; t < NM_DTYPE_COUNT; t++) {
+        const bool claimed = nm_device_supports(dev, t, NM_GRAPH_FFN);
+        if (nm_dtype_is_supported(t)) CHECK(claimed);
+        if (!claimed) continue;
+        nm_test_experts x = nm_test_experts_new(t, 3, 256, 256, rng_float);
+        char what[64];
+        snprintf(what, sizeof what, "%s supports %s", dev->ops->name, nm_dtype_name(t));
+        check_random_graphs(dev, &x.w, 0, 2, what);
+        nm_test_experts_free(&x);
+    }
+    CHECK(!nm_device_supports(dev, NM_DTYPE_Q2_K, NM_GRAPH_FFN));
+    nm_expert_weights w = *tiny;
+    w.down.type = NM_DTYPE_Q2_K;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_device_check_ffn(dev, tiny, 2, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_check_ffn(dev, &w, 2, &err), NM_ERR_UNSUPPORTED);
+    char want[128];
+    snprintf(want, sizeof want,
+             "the %s device cannot run expert FFN graphs over q2_K weights (the down matrices "
+             "of layer 2)",
+             dev->ops->name);
+    CHECK(strstr(err.msg, want) != NULL);
+    if (!strstr(err.msg, want)) fprintf(stderr, "  expected '%s' in: %s\n", want, err.msg);
+
+    const int32_t grid_e[] = {1}, grid_c[] = {1};
+    progress_log log = {0};
+    nm_profile p;
+    nm_device_stats s0, s1;
+    dev->ops->stats(dev, &s0);
+    nm_status st = nm_device_profile(dev, &w, w.gate.k, w.gate.n, grid_e, 1, grid_c, 1, 1, host,
+                                     on_progress, &log, &p, &err);
+    CHECK_INT_EQ(st, NM_ERR_UNSUPPORTED);
+    CHECK(strstr(err.msg, "profile: the ") && strstr(err.msg, "q2_K weights"));
+    CHECK(p.points == NULL && p.n_points == 0);
+    CHECK_INT_EQ(log.calls, 0);
+    dev->ops->stats(dev, &s1);
+    CHECK_INT_EQ(s1.graphs_compiled, s0.graphs_compiled);
+}
+
 /* ---- creation ---- */
 
 static void check_creation(void) {
@@ -555,6 +602,7 @@ int main(void) {
         if (dev && host) {
             check_async(dev, &model->layers[0].experts);
             check_profile(dev, &model->layers[0].experts, host);
+            check_supports(dev, &model->layers[0].experts, host);
         }
         nm_pool_free(host);
         nm_device_free(dev);

@@ -684,6 +684,18 @@ static void test_planner_known(const nm_model *m) {
     }
     nm_plan_free(p);
 
+    /* B': the same profile measured with F16 weights, not the model's F32:
+     * the device is not known to run these experts, all stay on the host */
+    prof.weight_type = NM_DTYPE_F16;
+    p = make_plan(m, c, &prof, &qp);
+    if (p) {
+        CHECK_INT_EQ(count_device_groups(p), 0);
+        CHECK_INT_EQ(p->device_bytes, 0);
+        CHECK_NEAR(p->predicted_chunk_ms, 3 * all_host_ms, 1e-12);
+    }
+    nm_plan_free(p);
+    prof.weight_type = NM_DTYPE_F32;
+
     /* C: the same with a budget of 0 bytes: all on the host. */
     nm_plan_params pp = qparams();
     pp.device_memory_bytes = 0;

@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "plan/plan.h"
+#include "tensor/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -124,6 +125,61 @@ static void test_lowest_salience_dropped(nm_model *m, nm_device *dev) {
     }
 }
 
+/* A device that runs no F32 graph (the cpu device's table with another
+ * supports): every mode that would hand it a graph over the tiny model's F32
+ * experts is refused before anything is compiled; npumoe with every group
+ * on the host hands it none and runs. */
+static nm_device_ops no_f32_ops;
+
+static bool no_f32(const nm_device *dev, uint32_t type, nm_graph_op op) {
+    (void)dev;
+    return op == NM_GRAPH_FFN && type != NM_DTYPE_F32;
+}
+
+static void test_unsupported_device(nm_model *m, nm_device *cpu) {
+    no_f32_ops = *cpu->ops;
+    no_f32_ops.supports = no_f32;
+    nm_device fake = {.ops = &no_f32_ops, .ctx = cpu->ctx};
+    CHECK(nm_device_supports(cpu, NM_DTYPE_F32, NM_GRAPH_FFN));
+    CHECK(!nm_device_supports(&fake, NM_DTYPE_F32, NM_GRAPH_FFN));
+    static nm_test_plan on_dev, all_host;
+    nm_test_parity_plan(&on_dev, T, N_LAYER, N_EXPERT, T, true, NM_OVERFLOW_SPILL,
+                        NM_SALIENCE_ROUTER);
+    nm_test_parity_plan(&all_host, T, N_LAYER, N_EXPERT, T, true, NM_OVERFLOW_SPILL,
+                        NM_SALIENCE_ROUTER);
+    for (int l = 0; l < N_LAYER; l++)
+        all_host.groups[l][0].on_device = all_host.groups[l][1].on_device = false;
+    nm_device_stats s0, s1;
+    cpu->ops->stats(cpu, &s0);
+    const nm_mode modes[4] = {NM_MODE_NAIVE, NM_MODE_TIERS, NM_MODE_GROUPED, NM_MODE_NPUMOE};
+    for (int i = 0; i < 4; i++) {
+        nm_session_params sp = nm_session_default_params();
+        sp.n_ctx = 64;
+        sp.n_batch = T;
+        sp.n_threads = 1;
+        sp.mode = modes[i];
+        sp.plan = &on_dev.plan;
+        sp.device = &fake;
+        nm_session *s = NULL;
+        nm_error err = {0};
+        CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_ERR_UNSUPPORTED);
+        CHECK(s == NULL);
+        char want[160];
+        snprintf(want, sizeof want,
+                 "mode %s: the cpu device cannot run expert FFN graphs over f32 weights (the "
+                 "gate matrices of layer 0)",
+                 nm_mode_name(modes[i]));
+        CHECK(strstr(err.msg, want) != NULL);
+        if (!strstr(err.msg, want)) fprintf(stderr, "  expected '%s' in: %s\n", want, err.msg);
+        if (modes[i] != NM_MODE_NPUMOE) continue;
+        sp.plan = &all_host.plan;
+        CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_OK);
+        nm_session_free(s);
+    }
+    cpu->ops->stats(cpu, &s1);
+    CHECK_INT_EQ(s1.graphs_compiled, s0.graphs_compiled);
+}
+
 int main(void) {
     nm_model *m = NULL;
     nm_error err = {0};
@@ -228,6 +284,7 @@ int main(void) {
     }
 
     test_lowest_salience_dropped(m, dev);
+    test_unsupported_device(m, dev);
 
     /* a plan for another shape or chunk is refused */
     s = NULL;

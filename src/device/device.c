@@ -4,6 +4,7 @@
 #include "device.h"
 
 #include "base/base.h"
+#include "tensor/tensor.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -117,6 +118,26 @@ nm_status nm_device_new(const char *name, int n_threads, nm_device **out, nm_err
                                  devices[i].name);
     return nm_errorf(err, NM_ERR_UNSUPPORTED,
                      "unknown device '%s' (available: %s, vulkan, vulkan:N)", name, list);
+}
+
+bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op) {
+    NM_ASSERT(dev && (unsigned)op < NM_GRAPH_OP_COUNT);
+    return dev->ops->supports(dev, weight_type, op);
+}
+
+nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, int32_t layer,
+                              nm_error *err) {
+    const struct {
+        const char *name;
+        uint32_t type;
+    } mats[3] = {{"gate", w->gate.type}, {"up", w->up.type}, {"down", w->down.type}};
+    for (int i = 0; i < 3; i++)
+        if (!nm_device_supports(dev, mats[i].type, NM_GRAPH_FFN))
+            return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                             "the %s device cannot run expert FFN graphs over %s weights (the "
+                             "%s matrices of layer %d); those experts must stay on the host",
+                             dev->ops->name, nm_dtype_name(mats[i].type), mats[i].name, layer);
+    return NM_OK;
 }
 
 nm_status nm_device_check(nm_device *dev, nm_error *err) {

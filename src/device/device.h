@@ -33,6 +33,12 @@ typedef struct nm_ffn_spec {
 
 typedef struct nm_graph nm_graph;
 
+/* The kinds of graph a device may compile (nm_device_ops.supports). */
+typedef enum nm_graph_op {
+    NM_GRAPH_FFN = 0, /* the grouped expert FFN of an nm_ffn_spec */
+    NM_GRAPH_OP_COUNT
+} nm_graph_op;
+
 /* Counters a device keeps about itself since it was created. */
 typedef struct nm_device_stats {
     uint64_t graphs_compiled;
@@ -48,6 +54,11 @@ typedef struct nm_device nm_device;
 /* The table a device implements. */
 typedef struct nm_device_ops {
     const char *name;
+    /* Whether the device compiles graphs of kind op over weights of type
+     * weight_type (an nm_dtype) as a model file holds them, natively or
+     * converted at compile: the host asks before it makes a graph, so a
+     * device is never handed one it cannot run (nm_device_supports). */
+    bool (*supports)(const nm_device *dev, uint32_t weight_type, nm_graph_op op);
     /* Compiles a graph; the spec's arrays are copied. Weights may be copied
      * or converted to the device's format (count them in device_bytes). */
     nm_status (*compile)(nm_device *dev, const nm_ffn_spec *spec, nm_graph **out, nm_error *err);
@@ -115,6 +126,12 @@ nm_status nm_vulkan_device_new(const nm_vulkan_device_params *params, nm_device 
  * "vulkan" (the first Vulkan device) or "vulkan:N". */
 nm_status nm_device_new(const char *name, int n_threads, nm_device **out, nm_error *err);
 void nm_device_free(nm_device *dev);
+/* dev->ops->supports. */
+bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op);
+/* NM_OK when dev supports FFN graphs over each of w's three matrices, else
+ * NM_ERR_UNSUPPORTED naming the device, the layer, the matrix and its type. */
+nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, int32_t layer,
+                              nm_error *err);
 /* dev->ops->check, or NM_OK for a device without one. */
 nm_status nm_device_check(nm_device *dev, nm_error *err);
 
@@ -173,7 +190,8 @@ typedef struct nm_profile {
  * cost of one expert over m rows on host_pool, fitted as
  * host_expert_ms + m * host_row_ms. progress, when not NULL, is called after
  * each step with done of total steps. out is filled on NM_OK and must be
- * released with nm_profile_free. */
+ * released with nm_profile_free. Weights of a type dev does not support
+ * are NM_ERR_UNSUPPORTED before anything is measured. */
 nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t d_model,
                             int64_t d_ff, const int32_t *grid_experts, int n_grid_experts,
                             const int32_t *grid_capacity, int n_grid_capacity, int reps,

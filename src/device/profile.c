@@ -216,6 +216,8 @@ nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t 
         if (grid_capacity[i] < 1)
             return nm_errorf(err, NM_ERR_INVALID_ARG, "profile: capacity %d is not >= 1",
                              grid_capacity[i]);
+    /* the graphs below are spec'd as layer 0, whichever layer w is */
+    if (nm_device_check_ffn(dev, w, 0, err) != NM_OK) return nm_error_prefix(err, "profile");
 
     const int n_points = n_grid_experts * n_grid_capacity;
     const int total = 1 + n_points + N_HOST_ROWS;

@@ -130,7 +130,9 @@ typedef struct nm_moe_exec_params {
 typedef struct nm_moe_exec nm_moe_exec;
 
 /* Builds the executor of a mode: compiles every graph the mode needs on the
- * device, sizes every buffer once. */
+ * device, sizes every buffer once. A mode or plan that would give the
+ * device a graph over weights it does not support (nm_device_supports) is
+ * refused with NM_ERR_UNSUPPORTED before anything is compiled. */
 nm_status nm_moe_exec_new(const nm_moe_exec_params *params, nm_moe_exec **out, nm_error *err);
 void nm_moe_exec_free(nm_moe_exec *ex);
 

@@ -56,19 +56,24 @@ typedef struct ranked {
     int32_t a; /* assignment */
 } ranked;
 
-static const char *const mode_names[NM_MODE_COUNT] = {
+static const char *const mode_names[] = {
     [NM_MODE_DENSE] = "dense",     [NM_MODE_NAIVE] = "naive",   [NM_MODE_TIERS] = "tiers",
     [NM_MODE_GROUPED] = "grouped", [NM_MODE_NPUMOE] = "npumoe",
 };
-static const char *const overflow_names[NM_OVERFLOW_COUNT] = {
+_Static_assert(sizeof mode_names / sizeof mode_names[0] == NM_MODE_COUNT, "one name per mode");
+static const char *const overflow_names[] = {
     [NM_OVERFLOW_DROP] = "drop",
     [NM_OVERFLOW_SPILL] = "spill",
 };
-static const char *const salience_names[NM_SALIENCE_COUNT] = {
+_Static_assert(sizeof overflow_names / sizeof overflow_names[0] == NM_OVERFLOW_COUNT,
+               "one name per overflow policy");
+static const char *const salience_names[] = {
     [NM_SALIENCE_ROUTER] = "router",
     [NM_SALIENCE_RESIDUAL] = "residual-norm",
     [NM_SALIENCE_INPUT] = "input-norm",
 };
+_Static_assert(sizeof salience_names / sizeof salience_names[0] == NM_SALIENCE_COUNT,
+               "one name per salience policy");
 
 const char *nm_mode_name(nm_mode mode) {
     return (unsigned)mode < NM_MODE_COUNT ? mode_names[mode] : "unknown";
@@ -187,6 +192,15 @@ static nm_status compile_graph(nm_moe_exec *ex, int32_t layer, const int32_t *ex
     return NM_OK;
 }
 
+/* Whether layer l gets any graph in the executor's mode. */
+static bool layer_has_graphs(nm_mode mode, const nm_moe_plan *plan, int32_t l) {
+    if (mode == NM_MODE_DENSE) return false;
+    if (mode != NM_MODE_NPUMOE) return true; /* every expert is in some graph */
+    for (int32_t g = 0; g < plan->layers[l].n_groups; g++)
+        if (plan->layers[l].groups[g].on_device) return true;
+    return false;
+}
+
 /* The graphs of one layer for the executor's mode. */
 static nm_status build_layer(nm_moe_exec *ex, const nm_moe_plan *plan, int32_t layer,
                              nm_error *err) {
@@ -265,6 +279,12 @@ nm_status nm_moe_exec_new(const nm_moe_exec_params *p, nm_moe_exec **out, nm_err
                              "the plan was made for chunks of %d tokens, the session uses %d",
                              p->plan->chunk, p->chunk);
     }
+    /* before anything is compiled: a device is never handed a graph it
+     * cannot run */
+    for (int32_t l = 0; l < p->n_layer; l++)
+        if (layer_has_graphs(p->mode, p->plan, l) &&
+            nm_device_check_ffn(p->device, p->weights[l], l, err) != NM_OK)
+            return nm_error_prefix(err, "mode %s", nm_mode_name(p->mode));
     nm_moe_exec *ex = nm_calloc(1, sizeof *ex);
     if (!ex) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for the MoE executor");
     ex->mode = p->mode;

@@ -241,7 +241,10 @@ struct nm_plan {
 
 /* Makes a plan from a calibration (same model, at least one chunk) and a
  * device profile (same d_model and d_ff as the model). params NULL =
- * defaults. How: DESIGN.md and the comment atop planner.c. */
+ * defaults. How: DESIGN.md and the comment atop planner.c. A layer whose
+ * experts' type (of their gate matrices) is not the profile's weight_type,
+ * the one the device was measured with and supports, keeps every group on
+ * the host. */
 nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_profile *profile,
                        const nm_plan_params *params, nm_plan **out, nm_error *err);
 void nm_plan_free(nm_plan *plan);

@@ -339,7 +339,10 @@ static nm_status emit_groups(planner *pl, int32_t l, const expert_info *ex, int3
             gi->host_ms += ex[s + i].host_ms;
             gi->spill_ms += ex[s + i].spill_ms;
         }
-        grp->on_device = gi->device_ms + gi->spill_ms < gi->host_ms;
+        /* the profile measured (and its device supports) one weight type:
+         * a layer of another stays on the host */
+        grp->on_device =
+            w->gate.type == pl->profile->weight_type && gi->device_ms + gi->spill_ms < gi->host_ms;
         lp->n_groups++;
     }
     return NM_OK;

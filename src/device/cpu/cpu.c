@@ -1,8 +1,10 @@
-/* The `cpu` device: the static-graph contract carried out with the host
- * reference kernels on threads of the device's own, so the whole static path
- * runs and is tested on any machine and host work overlaps device work as it
- * would with an accelerator. It is a reference, not a fast path: like any
- * static-graph device it computes every capacity row, padding included. */
+/* The `cpu` device: the static-graph contract carried out on threads of the
+ * device's own with the host's kernels, whichever variant is in use, over
+ * the weights where the host holds them (the file's mapping or the kernels'
+ * prepared copies; nothing is copied), so the whole static path runs and is
+ * tested on any machine and host work overlaps device work as it would with
+ * an accelerator. Like any static-graph device it computes every capacity
+ * row, padding included. */
 #include "device/device.h"
 
 #include "base/base.h"
@@ -334,8 +336,14 @@ static void cpu_free(nm_device *dev) {
     nm_free(d);
 }
 
+/* Every type the host kernels compute with, read where the model maps it. */
+static bool cpu_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op) {
+    return op == NM_GRAPH_FFN && nm_dtype_is_supported(weight_type);
+}
+
 static const nm_device_ops cpu_ops = {
     .name = "cpu",
+    .supports = cpu_supports,
     .compile = cpu_compile,
     .input = cpu_input,
     .output = cpu_output,

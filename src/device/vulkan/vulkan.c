@@ -486,8 +486,15 @@ static void vk_free(nm_device *dev) {
     nm_free(d);
 }
 
+/* The shaders read the types of slot_types as they are; ffn.c converts
+ * every other type the host computes with to F32 at upload. */
+static bool vk_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op) {
+    return op == NM_GRAPH_FFN && nm_dtype_is_supported(weight_type);
+}
+
 static const nm_device_ops vk_ops = {
     .name = "vulkan",
+    .supports = vk_supports,
     .compile = nm_vk_ffn_compile,
     .input = nm_vk_ffn_input,
     .output = nm_vk_ffn_output,
