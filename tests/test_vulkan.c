@@ -384,7 +384,11 @@ int main(void) {
     const uint32_t types[6] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
                                NM_DTYPE_Q8_0, NM_DTYPE_Q4_K, NM_DTYPE_Q6_K};
     for (int i = 0; i < 6; i++)
-        check_type(vk, types[i]);
+        CHECK(nm_device_supports(vk, types[i], NM_GRAPH_FFN));
+    /* what it says it supports, it runs: every such type, not only those */
+    for (uint32_t t = 0; t < NM_DTYPE_COUNT; t++)
+        if (nm_device_supports(vk, t, NM_GRAPH_FFN)) check_type(vk, t);
+    CHECK(!nm_device_supports(vk, NM_DTYPE_Q2_K, NM_GRAPH_FFN));
     check_in_flight(vk);
     check_refusals();
 
