@@ -142,14 +142,14 @@ static nm_status get_int(const nm_gguf *g, const char *key, const char *want, in
 }
 
 nm_status nm_gguf_get_u32(const nm_gguf *g, const char *key, uint32_t *out, nm_error *err) {
-    uint64_t u;
+    uint64_t u = 0; /* set on NM_OK; -fPIC's inlining makes gcc doubt it */
     nm_status st = get_int(g, key, "u32", 0, UINT32_MAX, &u, NULL, err);
     if (st == NM_OK) *out = (uint32_t)u;
     return st;
 }
 
 nm_status nm_gguf_get_i32(const nm_gguf *g, const char *key, int32_t *out, nm_error *err) {
-    int64_t i;
+    int64_t i = 0; /* likewise */
     nm_status st = get_int(g, key, "i32", INT32_MIN, INT32_MAX, NULL, &i, err);
     if (st == NM_OK) *out = (int32_t)i;
     return st;

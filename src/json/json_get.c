@@ -198,7 +198,7 @@ static nm_status check_num(const nm_json *v, double lo, double hi, double *out, 
 
 nm_status nm_json_get_int(const nm_json *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
                           const char *where, nm_error *err) {
-    const nm_json *v;
+    const nm_json *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
     nm_status st = member(obj, key, where, &v, err);
     if (st != NM_OK) return st;
     path_text p = path_of(where, key);
@@ -207,7 +207,7 @@ nm_status nm_json_get_int(const nm_json *obj, const char *key, int64_t lo, int64
 
 nm_status nm_json_get_num(const nm_json *obj, const char *key, double lo, double hi, double *out,
                           const char *where, nm_error *err) {
-    const nm_json *v;
+    const nm_json *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
     nm_status st = member(obj, key, where, &v, err);
     if (st != NM_OK) return st;
     path_text p = path_of(where, key);
@@ -216,7 +216,7 @@ nm_status nm_json_get_num(const nm_json *obj, const char *key, double lo, double
 
 nm_status nm_json_get_str(const nm_json *obj, const char *key, const char **out, const char *where,
                           nm_error *err) {
-    const nm_json *v;
+    const nm_json *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
     nm_status st = member(obj, key, where, &v, err);
     if (st != NM_OK) return st;
     path_text p = path_of(where, key);
@@ -229,7 +229,7 @@ nm_status nm_json_get_str(const nm_json *obj, const char *key, const char **out,
 
 nm_status nm_json_get_bool(const nm_json *obj, const char *key, bool *out, const char *where,
                            nm_error *err) {
-    const nm_json *v;
+    const nm_json *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
     nm_status st = member(obj, key, where, &v, err);
     if (st != NM_OK) return st;
     path_text p = path_of(where, key);
@@ -240,7 +240,7 @@ nm_status nm_json_get_bool(const nm_json *obj, const char *key, bool *out, const
 
 static nm_status get_container(const nm_json *obj, const char *key, nm_json_type type,
                                const nm_json **out, const char *where, nm_error *err) {
-    const nm_json *v;
+    const nm_json *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
     nm_status st = member(obj, key, where, &v, err);
     if (st != NM_OK) return st;
     path_text p = path_of(where, key);
