@@ -9,6 +9,13 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+/* The library's version, written here and nowhere else: CMake's
+ * project(VERSION) reads these lines (and checks the string against them). */
+#define NPUMOE_VERSION_MAJOR 0
+#define NPUMOE_VERSION_MINOR 1
+#define NPUMOE_VERSION_PATCH 0
+#define NPUMOE_VERSION_STRING "0.1.0"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,6 +36,11 @@ typedef enum nm_status {
 
 /* Static text for a status ("ok", "invalid argument", ...). */
 const char *nm_status_str(nm_status status);
+
+/* The version of the library linked in, NPUMOE_VERSION_STRING when it was
+ * built ("0.1.0"); compare with the macro to catch a header of another
+ * version. */
+const char *nm_version(void);
 
 /* Where a failing call explains itself. msg is always NUL-terminated. */
 typedef struct nm_error {

@@ -13,10 +13,11 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # tokenizer's table check, clang's runtime for libFuzzer, and PyTorch with the
 # KJV text for the training tool's test (tests/train); the Vulkan headers,
 # glslc and Mesa's lavapipe (a CPU Vulkan driver) for the vulkan device's
-# test (tests/test_vulkan.c, which must run: NM_REQUIRE_VULKAN).
+# test (tests/test_vulkan.c, which must run: NM_REQUIRE_VULKAN); pkg-config
+# to build an example against the installed library.
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
           python3-torch python3-regex bible-kjv bible-kjv-text
-          libvulkan-dev glslc mesa-vulkan-drivers)
+          libvulkan-dev glslc mesa-vulkan-drivers pkg-config)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -35,6 +36,44 @@ echo "== release build (-Werror)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKAN=ON
 cmake --build build/release -j "$jobs"
 ctest --test-dir build/release --output-on-failure -j "$jobs"
+
+echo "== install: examples/simple.c built against the installed library (pkg-config, find_package)"
+# The static library, header, command and package files installed into a
+# temporary prefix; the example built from them alone must print what
+# `npumoe run --temp 0` prints (tests/install/check_simple.sh). Then a shared
+# build: its SONAME carries the major version, and the example links to it.
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+model=models/npumoe-tiny-moe.gguf
+version=$(sed -n 's/^#define NPUMOE_VERSION_STRING "\(.*\)"$/\1/p' include/npumoe.h)
+cmake --install build/release --prefix "$prefix/static"
+pc_dir=$(dirname "$(find "$prefix/static" -name npumoe.pc)")
+# shellcheck disable=SC2046 # pkg-config's flags are words
+cc -std=c11 -Wall -Wextra -Werror examples/simple.c -o "$prefix/simple-pkgconfig" \
+    $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs --static npumoe)
+bash tests/install/check_simple.sh "$prefix/simple-pkgconfig" "$prefix/static/bin/npumoe" "$model" "$version"
+cmake -S tests/install -B "$prefix/find-package" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix/static" -DCMAKE_C_FLAGS="-Wall -Wextra -Werror"
+cmake --build "$prefix/find-package" -j "$jobs"
+bash tests/install/check_simple.sh "$prefix/find-package/simple" "$prefix/static/bin/npumoe" "$model"
+cmake -S . -B build/shared -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKAN=ON \
+    -DBUILD_SHARED_LIBS=ON -DNM_TESTS=OFF
+cmake --build build/shared -j "$jobs" --target npumoe_lib npumoe
+cmake --install build/shared --prefix "$prefix/shared"
+lib=$(find "$prefix/shared" -name "libnpumoe.so.${version%%.*}" | head -n 1)
+dynamic=$(readelf -d "$lib") # whole, so grep -q cannot cut readelf's pipe (pipefail)
+grep -q "SONAME.*\[libnpumoe\.so\.${version%%.*}\]" <<<"$dynamic" ||
+    { echo "no SONAME libnpumoe.so.${version%%.*} in $lib:"; echo "$dynamic"; exit 1; }
+pc_dir=$(dirname "$(find "$prefix/shared" -name npumoe.pc)")
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Wextra -Werror examples/simple.c -o "$prefix/simple-shared" \
+    $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs npumoe) -Wl,-rpath,"$(dirname "$lib")"
+dynamic=$(readelf -d "$prefix/simple-shared")
+grep -q "NEEDED.*\[libnpumoe\.so\.${version%%.*}\]" <<<"$dynamic" ||
+    { echo "simple-shared does not load libnpumoe.so.${version%%.*}:"; echo "$dynamic"; exit 1; }
+bash tests/install/check_simple.sh "$prefix/simple-shared" "$prefix/shared/bin/npumoe" "$model"
+rm -rf "$prefix"
+trap - EXIT
 
 echo "== emulated AMX tiles (NM_AMX_EMULATE): the model and static-path tests with the amx variant"
 # The tile instructions in C (src/kernels/x86/amx-tile.h), so that the amx

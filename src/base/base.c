@@ -22,6 +22,8 @@ static const char *const status_text[NM_STATUS_COUNT] = {
 _Static_assert(sizeof(status_text) / sizeof(status_text[0]) == NM_STATUS_COUNT,
                "one text per status");
 
+const char *nm_version(void) { return NPUMOE_VERSION_STRING; }
+
 const char *nm_status_str(nm_status status) {
     if ((int)status < 0 || status >= NM_STATUS_COUNT) return "unknown status";
     return status_text[status];

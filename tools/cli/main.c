@@ -298,7 +298,7 @@ static int npumoe_main(int argc, char **argv) {
         return argc < 2 ? 1 : 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("npumoe 0.1.0\n");
+        printf("npumoe %s\n", nm_version());
         return 0;
     }
     const int cmd = cli_command_from_name(argv[1]);
