@@ -1,5 +1,7 @@
-/* Sessions over a model (the public nm_session: KV cache, batched prefill,
- * decode), the sampler (nm_sampler) and run metrics. The public API of
+/* The runtime: sessions over a model (the public nm_session: KV cache,
+ * scratch, the MoE executor of its mode, batched prefill, decode, the
+ * tap), the sampler (nm_sampler), run metrics, and the host step timing
+ * of device profiles. The public API of
  * include/npumoe.h is implemented here and in model/; this header adds what
  * the command needs beyond it. */
 #ifndef NM_ENGINE_H
@@ -9,6 +11,7 @@
 
 #include "device/device.h"
 #include "moe/moe.h"
+#include "threads/threads.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -78,6 +81,16 @@ void nm_session_reset_metrics(nm_session *session);
 
 /* Calls fn with every chunk's per-expert loads (calibration). */
 void nm_session_set_load_fn(nm_session *session, nm_load_fn fn, void *ctx);
+
+/* ---- for device profiles (planning.c) ---- */
+
+/* The host's MoE step of one layer over a chunk of `chunk` tokens, timed by
+ * nm_moe_time_host_layer going round the model's layers (rounds of reps
+ * runs): *ms, and the rows each expert received (loads [n_expert]), for
+ * nm_profile_set_overhead. Run it before nm_device_profile: right after a
+ * device profile the host measured slower for a while. */
+nm_status nm_model_time_host_step(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
+                                  double *ms, int32_t *loads, nm_error *err);
 
 /* Peak resident memory of the process, in bytes (0 if unknown). */
 uint64_t nm_peak_rss_bytes(void);
