@@ -1,7 +1,7 @@
 /* The runtime: sessions over a model (the public nm_session: KV cache,
  * scratch, the MoE executor of its mode, batched prefill, decode, the
- * tap), the sampler (nm_sampler), run metrics, and the host step timing
- * of device profiles. The public API of
+ * tap), the sampler (nm_sampler), run metrics, and what joins a model to
+ * the planner (its MoE shape, the host step timing). The public API of
  * include/npumoe.h is implemented here and in model/; this header adds what
  * the command needs beyond it. */
 #ifndef NM_ENGINE_H
@@ -11,6 +11,7 @@
 
 #include "device/device.h"
 #include "moe/moe.h"
+#include "plan/plan.h"
 #include "threads/threads.h"
 
 #include <stdbool.h>
@@ -82,7 +83,13 @@ void nm_session_reset_metrics(nm_session *session);
 /* Calls fn with every chunk's per-expert loads (calibration). */
 void nm_session_set_load_fn(nm_session *session, nm_load_fn fn, void *ctx);
 
-/* ---- for device profiles (planning.c) ---- */
+/* ---- a model for the planner (planning.c) ---- */
+
+/* The MoE shape of a loaded model, with its fingerprint (which reads the
+ * routers and a sample of every tensor: milliseconds); out->ctx is the
+ * model, which must outlive the shape's use. A vocab_only model has no
+ * experts to give (layer_experts NULL). */
+void nm_model_moe_shape(const nm_model *model, nm_moe_shape *out);
 
 /* The host's MoE step of one layer over a chunk of `chunk` tokens, timed by
  * nm_moe_time_host_layer going round the model's layers (rounds of reps

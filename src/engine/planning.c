@@ -1,10 +1,28 @@
-/* What joins a model to the planner: the timing of the host's MoE step
- * that a device profile carries (it needs every layer of the model and the
- * MoE executor, which model/ does not include). */
+/* What joins a model to the planner: its MoE shape (nm_moe_shape, which
+ * is all plan/ sees of a model) and the timing of the host's MoE step that
+ * a device profile carries. */
 #include "engine.h"
 
 #include "base/base.h"
 #include "model/model.h"
+
+static const nm_expert_weights *layer_experts(const void *ctx, int32_t layer) {
+    const nm_model *m = ctx;
+    return &m->layers[layer].experts;
+}
+
+void nm_model_moe_shape(const nm_model *model, nm_moe_shape *out) {
+    NM_ASSERT(model && out);
+    const nm_hparams *hp = &model->hp;
+    *out = (nm_moe_shape){.n_layer = hp->n_layer,
+                          .n_expert = hp->n_expert,
+                          .k = hp->n_expert_used,
+                          .d_model = hp->n_embd,
+                          .d_ff = hp->n_ff_exp,
+                          .layer_experts = model->vocab_only ? NULL : layer_experts,
+                          .ctx = model};
+    nm_model_fingerprint(model, &out->fingerprint);
+}
 
 nm_status nm_model_time_host_step(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
                                   double *ms, int32_t *loads, nm_error *err) {

@@ -10,6 +10,7 @@
 
 #include "npumoe.h"
 
+#include "base/base.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "threads/threads.h"
@@ -245,6 +246,18 @@ bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *
 /* logits [n_real - first][n_vocab] = output(output_norm(x)) of the real
  * rows from first on. Taps result_norm, result_output (layer -1). */
 bool nm_model_output(const nm_model *m, const nm_model_batch *b, int32_t first, float *logits);
+
+/* ---- fingerprint (fingerprint.c) ---- */
+
+/* A hex digest of what makes two files the same model for planning: the
+ * architecture, the MoE shape (layers, d_model, experts, k, d_ff), the
+ * tensor table (names, types, shapes) and the weights: every byte of the
+ * routers (a plan follows their rows) and 16 pieces of 64 bytes spread over
+ * every other tensor (so it costs milliseconds, not a read of the file):
+ * FNV-1a 64 over a length-prefixed little-endian serialisation. Another
+ * training, a re-quantisation or permuted router rows change it; a change
+ * to a non-router tensor between the samples does not. */
+void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out);
 
 /* Every adapter, for lookup by name. */
 extern const nm_arch nm_arch_qwen3moe;
