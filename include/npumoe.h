@@ -209,6 +209,36 @@ int32_t nm_session_n_vocab(const nm_session *session);
 nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, float *logits,
                           bool all_logits, nm_error *err);
 
+/* A per-layer tap, as ggml's eval callback: called during nm_session_eval
+ * with each intermediate tensor of each batch as it is computed, the
+ * batch's real tokens only (never a static chunk's padding rows). values:
+ * [n_rows][n_cols], row-major, valid during the call only. layer is the
+ * layer index, or -1 for the tensors after the last layer. name, in order
+ * within a layer (llama.cpp's names):
+ *   attn_norm       [n][n_embd]             attention's input norm
+ *   Qcur            [n][n_head*head_dim]    queries after q norm and RoPE
+ *   Kcur            [n][n_head_kv*head_dim] keys after k norm and RoPE
+ *   Vcur            [n][n_head_kv*head_dim] values
+ *   kqv_out         [n][n_head*head_dim]    attention, before the output projection
+ *   ffn_inp         [n][n_embd]             residual stream after attention
+ *   ffn_norm        [n][n_embd]             the MoE block's input norm
+ *   ffn_moe_logits  [n][n_expert]           router logits
+ *   ffn_moe_out     [n][n_embd]             the experts' weighted sum
+ *   l_out           [n][n_embd]             residual stream after the layer
+ * then, at layer -1 and only when the call asked for logits, for the rows
+ * whose logits it returns:
+ *   result_norm     [rows][n_embd]          final norm
+ *   result_output   [rows][n_vocab]         logits
+ * Return true to go on; false stops the evaluation: nm_session_eval returns
+ * NM_ERR_INVALID_ARG with a message naming the layer and tensor, the
+ * positions of the stopped batch are not kept (earlier batches of the same
+ * call are), and the session stays usable. */
+typedef bool (*nm_tap_fn)(void *ctx, int32_t layer, const char *name, const float *values,
+                          int32_t n_rows, int64_t n_cols);
+
+/* Sets the session's tap (fn NULL: none, the default; no cost then). */
+void nm_session_set_tap(nm_session *session, nm_tap_fn fn, void *ctx);
+
 /* ---- sampling ----------------------------------------------------------------- */
 
 typedef struct nm_sampler nm_sampler;

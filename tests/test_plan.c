@@ -20,6 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The planner's view of m (nm_model_moe_shape), or none for NULL; each
+ * call fills the next of a few slots, so a pointer stays valid for the
+ * statement that asked. */
+static const nm_moe_shape *shape(const nm_model *m) {
+    static nm_moe_shape slots[4];
+    static int next;
+    if (!m) return NULL;
+    nm_moe_shape *s = &slots[next++ % 4];
+    nm_model_moe_shape(m, s);
+    return s;
+}
+
 #define TINY NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf"
 #define TMP(name) NM_BUILD_DIR "/test_plan_" name
 
@@ -235,7 +247,7 @@ static int32_t brute_quantile(const int32_t *sorted, int n, double q) {
 static nm_calib *calib_from(const nm_model *m, const raw_loads *raw) {
     nm_calib *c = NULL;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_calib_new(m, T, &c, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), T, &c, &err), NM_OK);
     if (!c) return NULL;
     for (int i = 0; i < N_CHUNKS; i++)
         for (int l = 0; l < N_LAYER; l++) {
@@ -315,7 +327,7 @@ static void test_predict_large(const nm_model *m) {
     enum { BIG = 2048 };
     nm_calib *c = NULL;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_calib_new(m, BIG, &c, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), BIG, &c, &err), NM_OK);
     if (!c) return;
     const int32_t loads[N_EXPERT] = {1500, 1500, 1000, 96, 0, 0, 0, 0};
     static float w[BIG * K];
@@ -387,15 +399,15 @@ static void test_calib_stats(const nm_model *m, const raw_loads *raw, const nm_c
     /* an empty calibration answers 0 */
     nm_calib *empty = NULL;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_calib_new(m, 4, &empty, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), 4, &empty, &err), NM_OK);
     if (empty) {
         CHECK_INT_EQ(nm_calib_quantile(empty, 2, 7, 0.5), 0);
         CHECK_INT_EQ(nm_calib_max(empty, 2, 7), 0);
         CHECK_NEAR(nm_calib_mean(empty, 2, 7), 0, 0);
     }
     nm_calib_free(empty);
-    CHECK_INT_EQ(nm_calib_new(m, 0, &empty, &err), NM_ERR_INVALID_ARG);
-    CHECK_INT_EQ(nm_calib_new(m, NM_PLAN_MAX_CHUNK + 1, &empty, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_calib_new(shape(m), 0, &empty, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_calib_new(shape(m), NM_PLAN_MAX_CHUNK + 1, &empty, &err), NM_ERR_INVALID_ARG);
     CHECK(empty == NULL);
 }
 
@@ -416,13 +428,13 @@ static void test_calib_files(const nm_model *m, const nm_calib *c) {
         CHECK(memcmp(r->hist, c->hist, cells * sizeof(int64_t)) == 0);
         /* the ranked weight sums come back exactly (zero past each max) */
         CHECK(memcmp(r->ranked, c->ranked, (size_t)N_LAYER * N_EXPERT * T * sizeof(double)) == 0);
-        CHECK_INT_EQ(nm_calib_check_model(r, m, &err), NM_OK);
+        CHECK_INT_EQ(nm_calib_check_shape(r, shape(m), &err), NM_OK);
     }
     nm_calib_free(r);
 
     /* an empty calibration saves and loads */
     nm_calib *empty = NULL;
-    CHECK_INT_EQ(nm_calib_new(m, 8, &empty, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), 8, &empty, &err), NM_OK);
     CHECK_INT_EQ(nm_calib_save(empty, TMP("empty.calib.json"), &err), NM_OK);
     CHECK_INT_EQ(nm_calib_load(TMP("empty.calib.json"), &r, &err), NM_OK);
     if (r) CHECK_INT_EQ(r->n_chunks, 0);
@@ -518,7 +530,7 @@ static const int32_t base_loads[N_EXPERT] = {12, 8, 6, 4, 2, 0, 0, 0};
 static nm_calib *constant_calib(const nm_model *m) {
     nm_calib *c = NULL;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_calib_new(m, T, &c, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), T, &c, &err), NM_OK);
     if (!c) return NULL;
     for (int chunk = 0; chunk < 10; chunk++)
         for (int l = 0; l < N_LAYER; l++) {
@@ -598,7 +610,7 @@ static nm_plan *make_plan(const nm_model *m, const nm_calib *c, const nm_profile
                           const nm_plan_params *pp) {
     nm_plan *p = NULL;
     nm_error err = {0};
-    nm_status st = nm_plan_make(m, c, prof, pp, &p, &err);
+    nm_status st = nm_plan_make(shape(m), c, prof, pp, &p, &err);
     if (st != NM_OK) fprintf(stderr, "nm_plan_make: %s\n", err.msg);
     CHECK_INT_EQ(st, NM_OK);
     if (p) check_invariants(p, c, pp);
@@ -807,67 +819,67 @@ static void test_planner_refusals(const nm_model *m, const nm_model *other, cons
         nm_fingerprint fo, fm;
         nm_model_fingerprint(other, &fo);
         nm_model_fingerprint(m, &fm);
-        CHECK_INT_EQ(nm_plan_make(other, c, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
+        CHECK_INT_EQ(nm_plan_make(shape(other), c, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
         CHECK_MSG(err, "another model");
         CHECK_MSG(err, fo.hex);
         CHECK_MSG(err, fm.hex);
     }
     prof.d_model = 128;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "d_model 128");
     prof = make_profile(0.1, 0.001);
     prof.d_ff = 31;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "d_ff 31");
     prof = make_profile(0.1, 0.001);
     prof.host_row_ms = NAN;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, NULL, &p, &err), NM_ERR_FORMAT);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, NULL, &p, &err), NM_ERR_FORMAT);
     CHECK_MSG(err, "host_row_ms");
     prof = make_profile(0.1, 0.001);
     const double bad_q[] = {0, -0.5, 1.5, NAN};
     for (int i = 0; i < 4; i++) {
         pp.quantile = bad_q[i];
-        CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+        CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
         CHECK_MSG(err, "quantile");
     }
     pp = qparams();
     const int32_t unsorted[] = {4, 2}, too_big[] = {4, 17};
     pp.tiers = unsorted;
     pp.n_tiers = 2;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "ascending");
     pp.tiers = too_big;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "tier 17");
     /* the budget objective's own */
     pp = nm_plan_default_params();
     pp.tiers = too_big;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "tiers are for the quantile objective");
     pp = nm_plan_default_params();
     pp.granule = 3;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "granule 3: expected a divisor of the chunk (16)");
     pp.granule = 2;
     pp.budget_rows = 15;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "layer 0: a budget of 15 rows per chunk is less than the smallest tier, 2 rows");
     pp.budget_rows = -1;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "budget of -1 rows");
     pp = qparams();
     pp.budget_rows = 64;
-    CHECK_INT_EQ(nm_plan_make(m, c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &prof, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "for the budget objective");
     pp = nm_plan_default_params();
     pp.budget_ms = 1;
     nm_profile flat = make_profile(0.1, 0); /* every graph costs one dispatch */
-    CHECK_INT_EQ(nm_plan_make(m, c, &flat, &pp, &p, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_plan_make(shape(m), c, &flat, &pp, &p, &err), NM_ERR_INVALID_ARG);
     CHECK_MSG(err, "no per-row cost");
     nm_calib *empty = NULL;
-    CHECK_INT_EQ(nm_calib_new(m, T, &empty, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), T, &empty, &err), NM_OK);
     if (empty) {
-        CHECK_INT_EQ(nm_plan_make(m, empty, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
+        CHECK_INT_EQ(nm_plan_make(shape(m), empty, &prof, NULL, &p, &err), NM_ERR_INVALID_ARG);
         CHECK_MSG(err, "no chunks");
     }
     nm_calib_free(empty);
@@ -1081,7 +1093,7 @@ static void test_planner_budget(const nm_model *m, const nm_calib *c) {
         nm_error e2 = {0};
         nm_plan *r = NULL;
         CHECK_INT_EQ(nm_plan_save(p, TMP("big.plan.json"), &e2), NM_OK);
-        CHECK_INT_EQ(nm_plan_load(TMP("big.plan.json"), m, &r, &e2), NM_OK);
+        CHECK_INT_EQ(nm_plan_load(TMP("big.plan.json"), shape(m), &r, &e2), NM_OK);
         nm_plan_free(r);
     }
     nm_plan_free(p);
@@ -1149,7 +1161,7 @@ static void test_plan_files(const nm_model *m, const nm_model *other, const nm_c
     if (p) {
         CHECK_INT_EQ(nm_plan_save(p, TMP("budget.plan.json"), &err), NM_OK);
         nm_plan *r = NULL;
-        CHECK_INT_EQ(nm_plan_load(TMP("budget.plan.json"), m, &r, &err), NM_OK);
+        CHECK_INT_EQ(nm_plan_load(TMP("budget.plan.json"), shape(m), &r, &err), NM_OK);
         if (r) check_same_plan(p, r);
         nm_plan_free(r);
         char *text = NULL;
@@ -1172,7 +1184,7 @@ static void test_plan_files(const nm_model *m, const nm_model *other, const nm_c
     if (!p) return;
     CHECK_INT_EQ(nm_plan_save(p, TMP("a.plan.json"), &err), NM_OK);
     nm_plan *r = NULL;
-    CHECK_INT_EQ(nm_plan_load(TMP("a.plan.json"), m, &r, &err), NM_OK);
+    CHECK_INT_EQ(nm_plan_load(TMP("a.plan.json"), shape(m), &r, &err), NM_OK);
     if (r) check_same_plan(p, r);
     nm_plan_free(r);
     r = NULL;
@@ -1183,7 +1195,7 @@ static void test_plan_files(const nm_model *m, const nm_model *other, const nm_c
     if (other) {
         nm_fingerprint fo;
         nm_model_fingerprint(other, &fo);
-        CHECK_INT_EQ(nm_plan_load(TMP("a.plan.json"), other, &r, &err), NM_ERR_INVALID_ARG);
+        CHECK_INT_EQ(nm_plan_load(TMP("a.plan.json"), shape(other), &r, &err), NM_ERR_INVALID_ARG);
         CHECK_MSG(err, "another model");
         CHECK_MSG(err, p->fingerprint.hex);
         CHECK_MSG(err, fo.hex);
@@ -1281,7 +1293,7 @@ static void expect_refused(kind k, const nm_model *m, const char *text, size_t n
     nm_status st;
     if (k == PLAN) {
         nm_plan *p = NULL;
-        st = nm_plan_load_memory(text, n, "bad.plan.json", m, &p, &err);
+        st = nm_plan_load_memory(text, n, "bad.plan.json", shape(m), &p, &err);
         CHECK(p == NULL);
         nm_plan_free(p);
     } else if (k == CALIB) {
@@ -1314,7 +1326,8 @@ static void test_malformed(const nm_model *m, const nm_model *other) {
     nm_error err = {0};
     /* the templates themselves load */
     nm_plan *p = NULL;
-    CHECK_INT_EQ(nm_plan_load_memory(plan_text, strlen(plan_text), "ok", m, &p, &err), NM_OK);
+    CHECK_INT_EQ(nm_plan_load_memory(plan_text, strlen(plan_text), "ok", shape(m), &p, &err),
+                 NM_OK);
     if (!p) fprintf(stderr, "template plan: %s\n", err.msg);
     nm_plan_free(p);
     nm_calib *c = NULL;
@@ -1527,7 +1540,7 @@ static nm_status run_op(op o, const nm_model *m, const nm_calib *c, const nm_pro
     switch (o) {
     case OP_CALIB_NEW: {
         nm_calib *r = NULL;
-        st = nm_calib_new(m, T, &r, err);
+        st = nm_calib_new(shape(m), T, &r, err);
         nm_calib_free(r);
         break;
     }
@@ -1550,7 +1563,7 @@ static nm_status run_op(op o, const nm_model *m, const nm_calib *c, const nm_pro
         nm_plan *r = NULL;
         nm_plan_params pp = nm_plan_default_params();
         pp.device_memory_bytes = 100000; /* the budget's path too */
-        st = nm_plan_make(m, c, prof, &pp, &r, err);
+        st = nm_plan_make(shape(m), c, prof, &pp, &r, err);
         nm_plan_free(r);
         break;
     }
@@ -1559,7 +1572,7 @@ static nm_status run_op(op o, const nm_model *m, const nm_calib *c, const nm_pro
         break;
     case OP_PLAN_LOAD: {
         nm_plan *r = NULL;
-        st = nm_plan_load(TMP("a.plan.json"), m, &r, err);
+        st = nm_plan_load(TMP("a.plan.json"), shape(m), &r, err);
         nm_plan_free(r);
         break;
     }
@@ -1613,7 +1626,7 @@ static void test_end_to_end(nm_model *m) {
     nm_session *s = NULL;
     nm_calib *c = NULL;
     CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_OK);
-    CHECK_INT_EQ(nm_calib_new(m, T, &c, &err), NM_OK);
+    CHECK_INT_EQ(nm_calib_new(shape(m), T, &c, &err), NM_OK);
     if (!s || !c || !dense || !fast) goto out;
     nm_session_set_load_fn(s, nm_calib_record, c);
     CHECK_INT_EQ(nm_session_eval(s, ids, N_IDS, dense, true, &err), NM_OK);
@@ -1659,7 +1672,7 @@ static void test_end_to_end(nm_model *m) {
         if (plan) {
             CHECK(strcmp(plan->device, "cpu") == 0);
             CHECK_INT_EQ(nm_plan_save(plan, TMP("tiny.plan.json"), &err), NM_OK);
-            CHECK_INT_EQ(nm_plan_load(TMP("tiny.plan.json"), m, &back, &err), NM_OK);
+            CHECK_INT_EQ(nm_plan_load(TMP("tiny.plan.json"), shape(m), &back, &err), NM_OK);
         }
         /* the plan runs, and with spill it computes dense's logits */
         const nm_mode modes[] = {NM_MODE_NPUMOE, NM_MODE_GROUPED};

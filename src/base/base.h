@@ -11,6 +11,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* A model's fingerprint: 16 lowercase hex digits + NUL. Computed from the
+ * model's file where its data is (nm_model_fingerprint, model/), stored and
+ * compared by the calibration and plan files (plan/). */
+typedef struct nm_fingerprint {
+    char hex[17];
+} nm_fingerprint;
+
 /* Programmer errors: always checked, abort with file:line. */
 #define NM_ASSERT(cond)                                                                            \
     do {                                                                                           \

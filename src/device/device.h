@@ -175,7 +175,7 @@ typedef struct nm_profile {
      * expert FFNs as fitted above (dispatch table, gathering and scattering
      * rows, combine, threads finishing unevenly, caches holding other
      * layers) over a chunk of `chunk` tokens: nm_profile_set_overhead from
-     * a step timed by nm_model_time_host_step (model.h, which needs the
+     * a step timed by nm_model_time_host_step (engine.h: it needs the
      * whole model); never below 0. */
     int32_t chunk;
     double host_overhead_ms;

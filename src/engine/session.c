@@ -1,10 +1,10 @@
-/* Sessions: a KV cache and work buffers over a loaded model; evaluation
- * splits the input into batches of at most n_batch tokens, each run through
- * all layers at once. Also the tokenizer entry points of the public API. */
-#include "engine.h"
+/* Sessions, the public nm_session over a loaded model and its runtime
+ * (forward.c: KV cache, buffers, executors); evaluation splits the input
+ * into batches of at most n_batch tokens, each run through all layers at
+ * once. Also the tokenizer entry points of the public API. */
+#include "engine-impl.h"
 
 #include "base/base.h"
-#include "model/model.h"
 #include "plan/plan.h"
 
 #include <string.h>
@@ -12,7 +12,7 @@
 
 struct nm_session {
     const nm_model *model;
-    nm_model_state *state;
+    nm_engine_state *state;
     nm_mode mode;
     nm_device *device;
     int32_t n_past;
@@ -66,7 +66,7 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                           .plan = p.plan ? &p.plan->moe : NULL,
                           .device = p.device,
                           .kv_type = p.kv_type};
-    nm_status st = nm_model_state_new(model, &sp, &s->state, err);
+    nm_status st = nm_engine_state_new(model, &sp, &s->state, err);
     if (st != NM_OK) {
         nm_free(s);
         return st;
@@ -77,7 +77,7 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
 
 void nm_session_free(nm_session *session) {
     if (!session) return;
-    nm_model_state_free(session->state);
+    nm_engine_state_free(session->state);
     nm_free(session);
 }
 
@@ -85,15 +85,17 @@ void nm_session_reset(nm_session *session) { session->n_past = 0; }
 
 int32_t nm_session_n_past(const nm_session *session) { return session->n_past; }
 
-int32_t nm_session_n_ctx(const nm_session *session) { return nm_model_state_n_ctx(session->state); }
+int32_t nm_session_n_ctx(const nm_session *session) {
+    return nm_engine_state_n_ctx(session->state);
+}
 
 int32_t nm_session_n_vocab(const nm_session *session) { return session->model->hp.n_vocab; }
 
 void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
     memset(out, 0, sizeof *out);
-    nm_moe_exec *ex = nm_model_state_prefill_exec(session->state);
+    nm_moe_exec *ex = nm_engine_state_prefill_exec(session->state);
     out->mode = ex ? session->mode : NM_MODE_DENSE;
-    if (!ex) ex = nm_model_state_dense_exec(session->state);
+    if (!ex) ex = nm_engine_state_dense_exec(session->state);
     out->n_layer = session->model->hp.n_layer;
     out->layers = nm_moe_exec_metrics(ex);
     for (int32_t l = 0; l < out->n_layer; l++) {
@@ -117,26 +119,30 @@ void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
 }
 
 void nm_session_reset_metrics(nm_session *session) {
-    nm_moe_exec *ex = nm_model_state_prefill_exec(session->state);
-    nm_moe_exec_reset_metrics(ex ? ex : nm_model_state_dense_exec(session->state));
+    nm_moe_exec *ex = nm_engine_state_prefill_exec(session->state);
+    nm_moe_exec_reset_metrics(ex ? ex : nm_engine_state_dense_exec(session->state));
 }
 
 void nm_session_set_load_fn(nm_session *session, nm_load_fn fn, void *ctx) {
-    nm_moe_exec *ex = nm_model_state_prefill_exec(session->state);
-    nm_moe_exec_set_load_fn(ex ? ex : nm_model_state_dense_exec(session->state), fn, ctx);
+    nm_moe_exec *ex = nm_engine_state_prefill_exec(session->state);
+    nm_moe_exec_set_load_fn(ex ? ex : nm_engine_state_dense_exec(session->state), fn, ctx);
 }
 
-size_t nm_session_bytes(const nm_session *session) { return nm_model_state_bytes(session->state); }
+void nm_session_set_tap(nm_session *session, nm_tap_fn fn, void *ctx) {
+    nm_engine_state_set_tap(session->state, fn, ctx);
+}
+
+size_t nm_session_bytes(const nm_session *session) { return nm_engine_state_bytes(session->state); }
 
 nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, float *logits,
                           bool all_logits, nm_error *err) {
     if (n < 1) return nm_errorf(err, NM_ERR_INVALID_ARG, "nothing to evaluate (%d tokens)", n);
-    const int32_t n_ctx = nm_model_state_n_ctx(session->state);
+    const int32_t n_ctx = nm_engine_state_n_ctx(session->state);
     if (n > n_ctx - session->n_past)
         return nm_errorf(err, NM_ERR_CAPACITY,
                          "%d tokens do not fit: %d of the context's %d positions are used", n,
                          session->n_past, n_ctx);
-    const int32_t n_batch = nm_model_state_n_batch(session->state);
+    const int32_t n_batch = nm_engine_state_n_batch(session->state);
     const int32_t n_vocab = session->model->hp.n_vocab;
     for (int32_t done = 0; done < n;) {
         const int32_t nb = n - done < n_batch ? n - done : n_batch;
@@ -146,8 +152,8 @@ nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, fl
             out = logits + (size_t)done * n_vocab;
         else if (logits && last)
             out = logits;
-        nm_status st = nm_model_forward(session->model, session->state, ids + done, nb,
-                                        session->n_past, out, all_logits, err);
+        nm_status st = nm_engine_forward(session->model, session->state, ids + done, nb,
+                                         session->n_past, out, all_logits, err);
         if (st != NM_OK) return st;
         session->n_past += nb;
         done += nb;

@@ -68,14 +68,42 @@ void nm_model_round_f16(float *x, int64_t n) {
         x[i] = nm_f16_to_f32(nm_f32_to_f16(x[i]));
 }
 
+/* Softmax over all n_expert logits, the k largest probabilities (ties to
+ * the lower id) in descending order, renormalised to sum 1 when renorm. */
+static void softmax_topk(const nm_hparams *hp, const float *logits, bool renorm, int32_t *ids,
+                         float *weights, float *probs) {
+    const int32_t n_expert = hp->n_expert, k = hp->n_expert_used;
+    NM_ASSERT(k >= 1 && k <= n_expert);
+    memcpy(probs, logits, (size_t)n_expert * sizeof(float));
+    nm_softmax_forward(probs, n_expert);
+    for (int32_t s = 0; s < k; s++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n_expert; e++) {
+            bool taken = false;
+            for (int32_t j = 0; j < s; j++)
+                taken |= ids[j] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        ids[s] = best;
+        weights[s] = probs[best];
+    }
+    if (renorm) {
+        float sum = 0.0f;
+        for (int32_t s = 0; s < k; s++)
+            sum += weights[s];
+        for (int32_t s = 0; s < k; s++)
+            weights[s] /= sum;
+    }
+}
+
 void nm_route_softmax_topk_renorm(const nm_hparams *hp, const float *logits, int32_t *ids,
                                   float *weights, float *probs) {
-    nm_moe_route_softmax_topk(logits, hp->n_expert, hp->n_expert_used, true, ids, weights, probs);
+    softmax_topk(hp, logits, true, ids, weights, probs);
 }
 
 void nm_route_softmax_topk(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
                            float *probs) {
-    nm_moe_route_softmax_topk(logits, hp->n_expert, hp->n_expert_used, false, ids, weights, probs);
+    softmax_topk(hp, logits, false, ids, weights, probs);
 }
 
 /* Hugging Face's sparsemixer (modeling_phimoe.py) with training off, for

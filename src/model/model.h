@@ -1,15 +1,18 @@
-/* Models: hyperparameters and weights of one architecture read from a GGUF
- * file (one adapter per architecture in arch/), and the forward pass built
- * from kernels over a KV cache. The public nm_model handle is this part's
- * struct nm_model. Not here: sessions, sampling, metrics (engine/). */
+/* Models: what a model is. Hyperparameters and weights of one architecture
+ * read from a GGUF file (one adapter per architecture in arch/), and the
+ * computation of a layer written once from shared blocks (attention,
+ * routing, the residual around the experts, the output head) over buffers
+ * and a KV cache the caller owns. The public nm_model handle is this part's
+ * struct nm_model. Not here: sessions, the KV cache, the MoE executors,
+ * sampling, metrics (engine/, moe/). */
 #ifndef NM_MODEL_H
 #define NM_MODEL_H
 
 #include "npumoe.h"
 
+#include "base/base.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
-#include "moe/moe.h"
 #include "threads/threads.h"
 #include "tokenizer/tokenizer.h"
 
@@ -171,46 +174,88 @@ void nm_route_sparsemixer(const nm_hparams *hp, const float *logits, int32_t *id
 nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int64_t n,
                              int64_t n_expert, nm_mat *first, size_t *stride, nm_error *err);
 
-/* ---- forward pass (forward.c) ---- */
+/* ---- the computation of a layer (layer.c) ---- */
 
-/* KV cache and work buffers of one session, sized once. */
-typedef struct nm_model_state nm_model_state;
+/* The engine runs a batch through the model as:
+ *     nm_model_embed
+ *     for each layer il:
+ *         nm_model_attention(il)  x += attention(norm(x))
+ *         nm_model_route(il)      xn = norm(x), router logits, experts chosen
+ *         (the engine's MoE executor: proj = experts(xn) by ids and weights)
+ *         nm_model_ffn_residual(il)  x += proj
+ *     nm_model_output             final norm and head of the rows asked for
+ * Each block reports its tensors to the batch's tap (npumoe.h, nm_tap_fn)
+ * and returns false when the tap asked to stop (then x, xn and the batch's
+ * cache rows are left half-computed). */
 
-typedef struct nm_state_params {
-    int32_t n_ctx;   /* positions */
-    int32_t n_batch; /* tokens per forward call; the chunk T in static modes */
-    int n_threads;
-    nm_mode mode;
-    const nm_moe_plan *plan; /* tiers, grouped, npumoe */
-    nm_device *device;       /* every mode but dense */
-    nm_kv_type kv_type;      /* KV cache elements: F32 (default) or F16 */
-} nm_state_params;
+/* One layer's KV cache as the caller lays it out: the keys of position p at
+ * k + p * kv_dim elements of type, the values likewise in v, kv_dim =
+ * n_head_kv * head_dim. */
+typedef struct nm_kv_view {
+    nm_kv_type type; /* NM_KV_F32, or NM_KV_F16 (IEEE half) */
+    void *k;         /* [n_kv][kv_dim] */
+    void *v;         /* [n_kv][kv_dim] */
+    /* F16: [2][n_rows][kv_dim], the batch's new keys, then values, in F32
+     * before they are rounded into the cache; NULL for F32, where they are
+     * computed in their cache rows */
+    float *stage;
+} nm_kv_view;
 
-nm_status nm_model_state_new(const nm_model *m, const nm_state_params *params, nm_model_state **out,
-                             nm_error *err);
-void nm_model_state_free(nm_model_state *st);
-int32_t nm_model_state_n_ctx(const nm_model_state *st);
-int32_t nm_model_state_n_batch(const nm_model_state *st);
-/* Bytes the state allocated (KV cache and buffers). */
-size_t nm_model_state_bytes(const nm_model_state *st);
-/* The MoE executors: the static mode's (NULL in dense mode), used for prompt
- * batches of more than one token, and the dense one used otherwise. */
-nm_moe_exec *nm_model_state_prefill_exec(nm_model_state *st);
-nm_moe_exec *nm_model_state_dense_exec(nm_model_state *st);
+/* A batch on its way through the layers: its rows and positions, and the
+ * work buffers the blocks write, all owned by the caller. */
+typedef struct nm_model_batch {
+    nm_pool *pool;
+    int32_t n_rows; /* rows computed through attention */
+    /* of them, the real tokens: the rest pad a static chunk (they attend
+     * only to earlier rows, are never routed, never reported to the tap) */
+    int32_t n_real;
+    int32_t n_past;            /* position of row 0 */
+    const float *rope_factors; /* [n_rot / 2] the short or long ones, or NULL */
+    float *x;                  /* [n_rows][n_embd] residual stream */
+    float *xn;                 /* [n_rows][n_embd] a block's normed input */
+    float *q;                  /* [n_rows][n_head * head_dim] */
+    float *att;                /* [n_rows][n_head * head_dim] attention output */
+    float *proj;           /* [n_rows][n_embd] a block's output; the experts' for the residual */
+    float *scores;         /* [n_threads][scores_stride] attention scratch */
+    int64_t scores_stride; /* >= n_past + n_rows */
+    float *router;         /* [n_real][n_expert] router logits */
+    int32_t *ids;          /* [n_real][n_expert_used] experts chosen */
+    float *weights;        /* [n_real][n_expert_used] their weights */
+    float *probs;          /* [n_expert] routing scratch */
+    nm_tap_fn tap;         /* NULL: none */
+    void *tap_ctx;
+} nm_model_batch;
 
-/* Runs n (1..n_batch) tokens (padded to a whole chunk in static modes) at positions
- * n_past..n_past+n-1 through every layer, writing their K/V into the cache. logits: NULL,
- * [n][n_vocab] when all_logits, else [n_vocab] of the last token. */
-nm_status nm_model_forward(const nm_model *m, nm_model_state *st, const int32_t *ids, int32_t n,
-                           int32_t n_past, float *logits, bool all_logits, nm_error *err);
+/* x of rows t < n from the embedding of ids[t]; rows n .. n_rows-1 (padding)
+ * repeat ids[n - 1]. ids must be in [0, n_vocab). */
+void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_model_batch *b);
+/* x += Wo attention(rope(qk_norm(Wq xn)), rope(qk_norm(Wk xn)), Wv xn),
+ * xn = attn_norm(x), over the cache's positions 0 .. n_past + t for row t;
+ * the rows' keys and values land in the cache at n_past. Taps attn_norm,
+ * Qcur, Kcur, Vcur, kqv_out, ffn_inp. */
+bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
+                        const nm_kv_view *kv);
+/* xn = ffn_norm(x), the router's logits and the architecture's routing
+ * (m->route) of each real row into ids and weights; xn is then what the
+ * experts take. Taps ffn_norm, ffn_moe_logits. */
+bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b);
+/* x += proj over the real rows. Taps ffn_moe_out, l_out. */
+bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b);
+/* logits [n_real - first][n_vocab] = output(output_norm(x)) of the real
+ * rows from first on. Taps result_norm, result_output (layer -1). */
+bool nm_model_output(const nm_model *m, const nm_model_batch *b, int32_t first, float *logits);
 
-/* The host's MoE step of one layer over a chunk of `chunk` tokens, timed by
- * nm_moe_time_host_layer going round the model's layers (rounds of reps
- * runs): *ms, and the rows each expert received (loads [n_expert]), for
- * nm_profile_set_overhead. Run it before nm_device_profile: right after a
- * device profile the host measured slower for a while. */
-nm_status nm_model_time_host_step(const nm_model *m, nm_pool *pool, int32_t chunk, int reps,
-                                  double *ms, int32_t *loads, nm_error *err);
+/* ---- fingerprint (fingerprint.c) ---- */
+
+/* A hex digest of what makes two files the same model for planning: the
+ * architecture, the MoE shape (layers, d_model, experts, k, d_ff), the
+ * tensor table (names, types, shapes) and the weights: every byte of the
+ * routers (a plan follows their rows) and 16 pieces of 64 bytes spread over
+ * every other tensor (so it costs milliseconds, not a read of the file):
+ * FNV-1a 64 over a length-prefixed little-endian serialisation. Another
+ * training, a re-quantisation or permuted router rows change it; a change
+ * to a non-router tensor between the samples does not. */
+void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out);
 
 /* Every adapter, for lookup by name. */
 extern const nm_arch nm_arch_qwen3moe;

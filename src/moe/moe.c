@@ -1,4 +1,4 @@
-/* Routing, dispatch and the dense grouped expert execution. Each expert
+/* Dispatch and the dense grouped expert execution. Each expert
  * writes its results into per-assignment rows, so experts run in parallel
  * without sharing outputs, and the combine adds the slots of a token in
  * router order, as llama.cpp does. */
@@ -9,31 +9,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-void nm_moe_route_softmax_topk(const float *logits, int32_t n_expert, int32_t k, bool renorm,
-                               int32_t *ids, float *weights, float *probs) {
-    NM_ASSERT(k >= 1 && k <= n_expert);
-    memcpy(probs, logits, (size_t)n_expert * sizeof(float));
-    nm_softmax_forward(probs, n_expert);
-    for (int32_t s = 0; s < k; s++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < n_expert; e++) {
-            bool taken = false;
-            for (int32_t j = 0; j < s; j++)
-                taken |= ids[j] == e;
-            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-        }
-        ids[s] = best;
-        weights[s] = probs[best];
-    }
-    if (renorm) {
-        float sum = 0.0f;
-        for (int32_t s = 0; s < k; s++)
-            sum += weights[s];
-        for (int32_t s = 0; s < k; s++)
-            weights[s] /= sum;
-    }
-}
 
 nm_status nm_moe_scratch_new(int32_t max_tokens, int32_t k, int32_t n_expert, int64_t d_model,
                              int64_t d_ff, int n_threads, nm_moe_scratch **out, nm_error *err) {

@@ -1,8 +1,7 @@
-/* The MoE block after the router: routing functions (softmax, top-k,
- * renormalisation), the dispatch table that groups a batch's assignments by
- * expert, and the exact grouped expert execution of `dense` mode.
- * Not here: which routing an architecture uses (model/arch), static
- * capacities and devices (later modes). */
+/* The MoE block after the router: the dispatch table that groups a batch's
+ * assignments by expert, the exact grouped expert execution of `dense`
+ * mode, and the static executor of the other modes (static.c: capacities,
+ * overflow, devices). Not here: routing (each architecture's, in model/). */
 #ifndef NM_MOE_H
 #define NM_MOE_H
 
@@ -14,12 +13,6 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-
-/* Softmax over all n_expert logits, the k largest probabilities (ties to the
- * lower id) in descending order, renormalised to sum 1 when renorm.
- * ids, weights: [k]; probs: scratch [n_expert]. */
-void nm_moe_route_softmax_topk(const float *logits, int32_t n_expert, int32_t k, bool renorm,
-                               int32_t *ids, float *weights, float *probs);
 
 /* Assignments of a batch grouped by expert. Assignment a = token * k + slot.
  * rows[offset[e] .. offset[e+1]) are expert e's assignments, in token

@@ -9,7 +9,6 @@
 #include "plan-impl.h"
 
 #include "base/base.h"
-#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -66,12 +65,12 @@ static nm_status calib_alloc(int32_t chunk, int32_t n_layer, int32_t n_expert, n
     return NM_OK;
 }
 
-nm_status nm_calib_new(const nm_model *model, int32_t chunk, nm_calib **out, nm_error *err) {
-    NM_ASSERT(model && out);
-    nm_status st = calib_alloc(chunk, model->hp.n_layer, model->hp.n_expert, out, err);
+nm_status nm_calib_new(const nm_moe_shape *shape, int32_t chunk, nm_calib **out, nm_error *err) {
+    NM_ASSERT(shape && out);
+    nm_status st = calib_alloc(chunk, shape->n_layer, shape->n_expert, out, err);
     if (st != NM_OK) return st;
-    nm_model_fingerprint(model, &(*out)->fingerprint);
-    (*out)->k = model->hp.n_expert_used;
+    (*out)->fingerprint = shape->fingerprint;
+    (*out)->k = shape->k;
     return NM_OK;
 }
 
@@ -226,21 +225,19 @@ double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert) {
     return n > 0 ? (double)(n - h[0]) / (double)n : 0.0;
 }
 
-nm_status nm_calib_check_model(const nm_calib *calib, const nm_model *model, nm_error *err) {
-    nm_fingerprint fp;
-    nm_model_fingerprint(model, &fp);
-    if (strcmp(fp.hex, calib->fingerprint.hex) != 0)
+nm_status nm_calib_check_shape(const nm_calib *calib, const nm_moe_shape *shape, nm_error *err) {
+    if (strcmp(shape->fingerprint.hex, calib->fingerprint.hex) != 0)
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "the calibration was made on another model (fingerprint %s; this model "
                          "is %s)",
-                         calib->fingerprint.hex, fp.hex);
-    if (calib->n_layer != model->hp.n_layer || calib->n_expert != model->hp.n_expert ||
-        calib->k != model->hp.n_expert_used)
+                         calib->fingerprint.hex, shape->fingerprint.hex);
+    if (calib->n_layer != shape->n_layer || calib->n_expert != shape->n_expert ||
+        calib->k != shape->k)
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "the calibration has %d layers of %d experts top-%d, the model %d of %d "
                          "top-%d",
-                         calib->n_layer, calib->n_expert, calib->k, model->hp.n_layer,
-                         model->hp.n_expert, model->hp.n_expert_used);
+                         calib->n_layer, calib->n_expert, calib->k, shape->n_layer, shape->n_expert,
+                         shape->k);
     return NM_OK;
 }
 

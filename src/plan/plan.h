@@ -2,13 +2,15 @@
  * of every prefill chunk), device profiles, and the planner that turns both
  * into a static plan (tiers, groups, residency); the JSON files of all three
  * (DESIGN.md section 4) with full validation. The public nm_plan handle is
- * this part's struct nm_plan. Not here: running a plan (moe/static.c) or
- * measuring a device (device/profile.c). */
+ * this part's struct nm_plan. Not here: running a plan (moe/static.c),
+ * measuring a device (device/profile.c), or the model itself: the planner
+ * takes the MoE's shapes (nm_moe_shape), which the engine fills. */
 #ifndef NM_PLAN_H
 #define NM_PLAN_H
 
 #include "npumoe.h"
 
+#include "base/base.h"
 #include "device/device.h"
 #include "moe/moe.h"
 
@@ -29,22 +31,30 @@
 #define NM_CALIB_MAX_CELLS ((int64_t)1 << 26)
 #define NM_CALIB_MAX_CHUNKS ((int64_t)1 << 31)
 
-/* ---- model fingerprint (fingerprint.c) ---- */
+/* ---- what the planner knows of a model ---- */
 
-/* A hex digest of what makes two files the same model for planning: the
- * architecture, the MoE shape (layers, d_model, experts, k, d_ff), the
- * tensor table (names, types, shapes) and the weights: every byte of the
- * routers (a plan follows their rows) and 16 pieces of 64 bytes spread over
- * every other tensor (so it costs milliseconds, not a read of the file):
- * FNV-1a 64 over a length-prefixed little-endian serialisation. Another
- * training, a re-quantisation or permuted router rows change it; a change
- * to a non-router tensor between the samples does not. 16 lowercase hex
- * digits + NUL. */
-typedef struct nm_fingerprint {
-    char hex[17];
-} nm_fingerprint;
+/* The MoE's shapes and weights, which is all calibration, planning and
+ * profiling need of a model; the engine fills it from one
+ * (nm_model_moe_shape). */
+typedef struct nm_moe_shape {
+    nm_fingerprint fingerprint; /* the model's (base.h) */
+    int32_t n_layer;
+    int32_t n_expert;
+    int32_t k; /* experts per token */
+    int32_t d_model;
+    int32_t d_ff; /* of one expert */
+    /* layer l's experts as the model holds them (their types and bytes,
+     * and the weights a device profile runs); ctx is passed back. NULL
+     * when the model has no weights: then only calibrations and plans can
+     * be checked against the shape, not made */
+    const nm_expert_weights *(*layer_experts)(const void *ctx, int32_t layer);
+    const void *ctx;
+} nm_moe_shape;
 
-void nm_model_fingerprint(const nm_model *model, nm_fingerprint *out);
+/* Layer l's experts (shape->layer_experts). */
+const nm_expert_weights *nm_moe_shape_experts(const nm_moe_shape *shape, int32_t layer);
+/* Bytes of one expert of layer l: its gate, up and down matrices. */
+uint64_t nm_moe_shape_expert_bytes(const nm_moe_shape *shape, int32_t layer);
 
 /* ---- calibration (calib.c) ---- */
 
@@ -72,10 +82,10 @@ typedef struct nm_calib {
     float *scratch; /* [chunk] for sorting one expert's weights */
 } nm_calib;
 
-/* An empty calibration of model for chunks of T = chunk tokens
+/* An empty calibration of a model of this shape for chunks of T = chunk tokens
  * (1..NM_PLAN_MAX_CHUNK). NM_ERR_CAPACITY when the histogram would exceed
  * NM_CALIB_MAX_CELLS. */
-nm_status nm_calib_new(const nm_model *model, int32_t chunk, nm_calib **out, nm_error *err);
+nm_status nm_calib_new(const nm_moe_shape *shape, int32_t chunk, nm_calib **out, nm_error *err);
 void nm_calib_free(nm_calib *calib);
 /* Records one chunk's loads of one layer (an nm_load_fn: ctx is the calib);
  * weights holds, expert after expert, the routing weights of each expert's
@@ -112,9 +122,10 @@ void nm_calib_predict_overflow(const nm_calib *calib, int32_t layer, int32_t exp
 /* Fraction of chunks in which the expert received at least one assignment. */
 double nm_calib_p_active(const nm_calib *calib, int32_t layer, int32_t expert);
 
-/* Whether calib was made on model: the fingerprint (the message names both)
- * and the shape (layers, experts, k). NM_ERR_INVALID_ARG otherwise. */
-nm_status nm_calib_check_model(const nm_calib *calib, const nm_model *model, nm_error *err);
+/* Whether calib was made on the model of shape: the fingerprint (the
+ * message names both) and the shape (layers, experts, k).
+ * NM_ERR_INVALID_ARG otherwise. */
+nm_status nm_calib_check_shape(const nm_calib *calib, const nm_moe_shape *shape, nm_error *err);
 
 /* The file: {"format": "npumoe-calib", "version": 2, "fingerprint", "chunk",
  * "k", "n_layer", "n_expert", "n_chunks", "n_tokens", "layers": [{"experts":
@@ -239,13 +250,13 @@ struct nm_plan {
     uint64_t device_bytes;     /* predicted device memory of the resident groups */
 };
 
-/* Makes a plan from a calibration (same model, at least one chunk) and a
- * device profile (same d_model and d_ff as the model). params NULL =
- * defaults. How: DESIGN.md and the comment atop planner.c. A layer whose
- * experts' type (of their gate matrices) is not the profile's weight_type,
- * the one the device was measured with and supports, keeps every group on
- * the host. */
-nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_profile *profile,
+/* Makes a plan for the model of shape from a calibration (same model, at
+ * least one chunk) and a device profile (same d_model and d_ff as the
+ * model). params NULL = defaults. How: DESIGN.md and the comment atop
+ * planner.c. A layer whose experts' type (of their gate matrices) is not the
+ * profile's weight_type, the one the device was measured with and supports,
+ * keeps every group on the host. */
+nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const nm_profile *profile,
                        const nm_plan_params *params, nm_plan **out, nm_error *err);
 void nm_plan_free(nm_plan *plan);
 
@@ -275,12 +286,12 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
 /* Loads and validates a plan: every field, every group's tier one of the
  * tiers, a budgeted plan's tiers the multiples of its granule and each
  * layer's rows within its budget, nm_moe_plan_check, costs consistent (chunk_ms = max(device,
- * host), predicted_chunk_ms = their sum). Against a model: another model's plan is refused with a
- * message naming both fingerprints, as is another shape. model may be NULL: everything but the
- * match with a model is checked. */
-nm_status nm_plan_load(const char *path, const nm_model *model, nm_plan **out, nm_error *err);
+ * host), predicted_chunk_ms = their sum). Against a model's shape: another model's plan is refused
+ * with a message naming both fingerprints, as is another shape. shape may be NULL: everything but
+ * the match with a model is checked. */
+nm_status nm_plan_load(const char *path, const nm_moe_shape *shape, nm_plan **out, nm_error *err);
 nm_status nm_plan_load_memory(const char *text, size_t n_bytes, const char *name,
-                              const nm_model *model, nm_plan **out, nm_error *err);
+                              const nm_moe_shape *shape, nm_plan **out, nm_error *err);
 
 /* Writes a human-readable summary (tiers, groups per layer, residency,
  * predicted cost). */

@@ -4,7 +4,6 @@
 #include "plan-impl.h"
 
 #include "base/base.h"
-#include "model/model.h"
 
 #include <math.h>
 #include <string.h>
@@ -113,8 +112,8 @@ nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err) {
 /* ---- loading ---- */
 
 typedef struct read_ctx {
-    const nm_model *model;
-    nm_plan *plan; /* being filled; freed by the caller on failure */
+    const nm_moe_shape *shape; /* NULL: no model to match */
+    nm_plan *plan;             /* being filled; freed by the caller on failure */
 } read_ctx;
 
 static nm_status read_policy(const nm_json *root, nm_plan *plan, nm_error *err) {
@@ -312,15 +311,11 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
     if (st != NM_OK) return st;
     nm_fingerprint fp;
     if ((st = nm_plan_json_fingerprint(root, &fp, err))) return st;
-    if (ctx->model) {
-        nm_fingerprint mine;
-        nm_model_fingerprint(ctx->model, &mine);
-        if (strcmp(fp.hex, mine.hex) != 0)
-            return nm_errorf(err, NM_ERR_INVALID_ARG,
-                             "the plan was made for another model (fingerprint %s; this model is "
-                             "%s): make a plan for this model with `npumoe plan`",
-                             fp.hex, mine.hex);
-    }
+    if (ctx->shape && strcmp(fp.hex, ctx->shape->fingerprint.hex) != 0)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the plan was made for another model (fingerprint %s; this model is "
+                         "%s): make a plan for this model with `npumoe plan`",
+                         fp.hex, ctx->shape->fingerprint.hex);
     const char *device;
     int64_t chunk, n_layer, n_expert, device_bytes;
     const nm_json *layers;
@@ -332,11 +327,11 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
         (st = nm_json_get_int(root, "n_layer", 1, NM_PLAN_MAX_LAYERS, &n_layer, NULL, err)) ||
         (st = nm_json_get_int(root, "n_expert", 1, NM_PLAN_MAX_EXPERTS, &n_expert, NULL, err)))
         return st;
-    if (ctx->model && (n_layer != ctx->model->hp.n_layer || n_expert != ctx->model->hp.n_expert))
+    if (ctx->shape && (n_layer != ctx->shape->n_layer || n_expert != ctx->shape->n_expert))
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "the plan is for %lld layers of %lld experts, the model has %d of %d",
-                         (long long)n_layer, (long long)n_expert, ctx->model->hp.n_layer,
-                         ctx->model->hp.n_expert);
+                         (long long)n_layer, (long long)n_expert, ctx->shape->n_layer,
+                         ctx->shape->n_expert);
     nm_plan *plan = ctx->plan;
     snprintf(plan->device, sizeof plan->device, "%s", device);
     plan->fingerprint = fp;
@@ -369,10 +364,10 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
     return read_layers(layers, plan, err);
 }
 
-static nm_status load(const char *path, const char *text, size_t n_bytes, const nm_model *model,
+static nm_status load(const char *path, const char *text, size_t n_bytes, const nm_moe_shape *shape,
                       nm_plan **out, nm_error *err) {
     *out = NULL;
-    read_ctx ctx = {.model = model, .plan = nm_calloc(1, sizeof(nm_plan))};
+    read_ctx ctx = {.shape = shape, .plan = nm_calloc(1, sizeof(nm_plan))};
     if (!ctx.plan) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
     nm_status st = text ? nm_plan_read_memory(text, n_bytes, path, read_plan, &ctx, err)
                         : nm_plan_read_file(path, read_plan, &ctx, err);
@@ -384,15 +379,15 @@ static nm_status load(const char *path, const char *text, size_t n_bytes, const 
     return NM_OK;
 }
 
-nm_status nm_plan_load(const char *path, const nm_model *model, nm_plan **out, nm_error *err) {
+nm_status nm_plan_load(const char *path, const nm_moe_shape *shape, nm_plan **out, nm_error *err) {
     NM_ASSERT(path && out);
-    return load(path, NULL, 0, model, out, err);
+    return load(path, NULL, 0, shape, out, err);
 }
 
 nm_status nm_plan_load_memory(const char *text, size_t n_bytes, const char *name,
-                              const nm_model *model, nm_plan **out, nm_error *err) {
+                              const nm_moe_shape *shape, nm_plan **out, nm_error *err) {
     NM_ASSERT(text && out);
-    return load(name, text, n_bytes, model, out, err);
+    return load(name, text, n_bytes, shape, out, err);
 }
 
 /* ---- the summary ---- */

@@ -48,7 +48,6 @@
 #include "plan-impl.h"
 
 #include "base/base.h"
-#include "model/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -267,6 +266,20 @@ static double spill_ms(const nm_calib *calib, int32_t l, int32_t e, int32_t c,
     return n > 0 ? (p->host_expert_ms * over + p->host_row_ms * rows) / n : 0.0;
 }
 
+/* ---- the model's shape ---- */
+
+const nm_expert_weights *nm_moe_shape_experts(const nm_moe_shape *shape, int32_t layer) {
+    NM_ASSERT(shape->layer_experts && layer >= 0 && layer < shape->n_layer);
+    return shape->layer_experts(shape->ctx, layer);
+}
+
+uint64_t nm_moe_shape_expert_bytes(const nm_moe_shape *shape, int32_t layer) {
+    const nm_expert_weights *w = nm_moe_shape_experts(shape, layer);
+    return (uint64_t)w->gate.row_bytes * (uint64_t)w->gate.n +
+           (uint64_t)w->up.row_bytes * (uint64_t)w->up.n +
+           (uint64_t)w->down.row_bytes * (uint64_t)w->down.n;
+}
+
 /* ---- groups ---- */
 
 /* What the planner knows about one group beyond nm_moe_group. */
@@ -279,7 +292,7 @@ typedef struct group_info {
 } group_info;
 
 typedef struct planner {
-    const nm_model *model;
+    const nm_moe_shape *shape;
     const nm_calib *calib;
     const nm_profile *profile;
     nm_plan_params params;
@@ -316,12 +329,10 @@ static double tier_cost(const planner *pl, const expert_info *ex, int32_t m, int
 static nm_status emit_groups(planner *pl, int32_t l, const expert_info *ex, int32_t m, int32_t g,
                              int32_t capacity, nm_error *err) {
     nm_moe_layer_plan *lp = &pl->plan->moe.layers[l];
-    const nm_expert_weights *w = &pl->model->layers[l].experts;
-    const uint64_t expert_bytes = (uint64_t)w->gate.row_bytes * (uint64_t)w->gate.n +
-                                  (uint64_t)w->up.row_bytes * (uint64_t)w->up.n +
-                                  (uint64_t)w->down.row_bytes * (uint64_t)w->down.n;
+    const uint64_t expert_bytes = nm_moe_shape_expert_bytes(pl->shape, l);
+    const nm_expert_weights *w = nm_moe_shape_experts(pl->shape, l);
     const uint64_t row_bytes =
-        2 * sizeof(float) * ((uint64_t)pl->model->hp.n_embd + (uint64_t)pl->model->hp.n_ff_exp);
+        2 * sizeof(float) * ((uint64_t)pl->shape->d_model + (uint64_t)pl->shape->d_ff);
     for (int32_t s = 0; s < m; s += g) {
         const int32_t n = m - s < g ? m - s : g;
         nm_moe_group *grp = &lp->groups[lp->n_groups];
@@ -636,9 +647,9 @@ static nm_status set_budgets(planner *pl, nm_error *err) {
     return NM_OK;
 }
 
-static nm_status check_inputs(const nm_model *model, const nm_calib *calib,
+static nm_status check_inputs(const nm_moe_shape *shape, const nm_calib *calib,
                               const nm_profile *profile, nm_error *err) {
-    nm_status st = nm_calib_check_model(calib, model, err);
+    nm_status st = nm_calib_check_shape(calib, shape, err);
     if (st != NM_OK) return st;
     if (calib->n_chunks < 1)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "the calibration has recorded no chunks");
@@ -646,22 +657,22 @@ static nm_status check_inputs(const nm_model *model, const nm_calib *calib,
         nm_error_prefix(err, "the profile");
         return st;
     }
-    if (profile->d_model != model->hp.n_embd || profile->d_ff != model->hp.n_ff_exp)
+    if (profile->d_model != shape->d_model || profile->d_ff != shape->d_ff)
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "the profile was measured with d_model %lld and d_ff %lld, the model has "
                          "d_model %d and d_ff %d",
-                         (long long)profile->d_model, (long long)profile->d_ff, model->hp.n_embd,
-                         model->hp.n_ff_exp);
+                         (long long)profile->d_model, (long long)profile->d_ff, shape->d_model,
+                         shape->d_ff);
     return NM_OK;
 }
 
-nm_status nm_plan_make(const nm_model *model, const nm_calib *calib, const nm_profile *profile,
+nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const nm_profile *profile,
                        const nm_plan_params *params, nm_plan **out, nm_error *err) {
-    NM_ASSERT(model && calib && profile && out);
+    NM_ASSERT(shape && calib && profile && out);
     *out = NULL;
-    planner pl = {.model = model, .calib = calib, .profile = profile};
+    planner pl = {.shape = shape, .calib = calib, .profile = profile};
     pl.params = params ? *params : nm_plan_default_params();
-    nm_status st = check_inputs(model, calib, profile, err);
+    nm_status st = check_inputs(shape, calib, profile, err);
     if (st == NM_OK) st = check_params(&pl.params, calib->chunk, err);
     if (st != NM_OK) return st;
     if ((st = grid_build(profile, &pl.grid, err)) != NM_OK) return st;

@@ -3,6 +3,7 @@
  * them (so the fuzzer starts past the fingerprint check and deep in every
  * reader), plus small hand-written files of other shapes. */
 #include "base/base.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
@@ -44,7 +45,9 @@ int main(int argc, char **argv) {
     int ok = 1;
     nm_calib *c = NULL;
     const int32_t T = 8;
-    if (nm_calib_new(m, T, &c, &err) != NM_OK) return 1;
+    nm_moe_shape shape;
+    nm_model_moe_shape(m, &shape);
+    if (nm_calib_new(&shape, T, &c, &err) != NM_OK) return 1;
     for (int chunk = 0; chunk < 6; chunk++)
         for (int32_t l = 0; l < m->hp.n_layer; l++) {
             int32_t loads[8] = {0};
@@ -85,7 +88,7 @@ int main(int argc, char **argv) {
         pp.overflow = overflow[i];
         pp.device_memory_bytes = budget[i];
         nm_plan *p = NULL;
-        st = nm_plan_make(m, c, &prof, &pp, &p, &err);
+        st = nm_plan_make(&shape, c, &prof, &pp, &p, &err);
         text = NULL;
         if (st == NM_OK) st = nm_plan_save_memory(p, &text, &n, &err);
         ok &= save(i ? "tiny-drop.plan.json" : "tiny.plan.json", st, text, n, &err);

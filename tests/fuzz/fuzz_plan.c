@@ -8,6 +8,7 @@
  * profile of the tiny model's shape with a fixed calibration, and the plan
  * made must save and load back. The model is loaded once per process. */
 #include "base/base.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
@@ -22,6 +23,7 @@
 #endif
 
 static nm_model *model;
+static nm_moe_shape model_shape; /* the planner's view of model */
 static nm_calib *fixed_calib;
 static nm_profile fixed_profile;
 static nm_profile_point fixed_points[4];
@@ -44,6 +46,9 @@ static void require(int cond, const char *what) {
     }
 }
 
+/* The planner's view of m: the tiny model's shape, or none. */
+static const nm_moe_shape *shape(const nm_model *m) { return m ? &model_shape : NULL; }
+
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -54,7 +59,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         fprintf(stderr, "fuzz_plan: %s\n", err.msg);
         abort();
     }
-    require(nm_calib_new(model, 16, &fixed_calib, &err) == NM_OK, err.msg);
+    nm_model_moe_shape(model, &model_shape);
+    require(nm_calib_new(shape(model), 16, &fixed_calib, &err) == NM_OK, err.msg);
     const int32_t n_expert = model->hp.n_expert;
     int32_t loads[64] = {0};
     float weights[32];
@@ -130,7 +136,7 @@ static void check_plan(const nm_plan *p, const nm_model *m) {
     size_t n = 0;
     require(nm_plan_save_memory(p, &text, &n, &err) == NM_OK, err.msg);
     nm_plan *back = NULL;
-    require(nm_plan_load_memory(text, n, "saved", m, &back, &err) == NM_OK, err.msg);
+    require(nm_plan_load_memory(text, n, "saved", shape(m), &back, &err) == NM_OK, err.msg);
     same_plan(p, back);
     nm_plan_free(back);
     nm_free(text);
@@ -176,10 +182,10 @@ static void fuzz_calib(const uint8_t *data, size_t size) {
     nm_calib_free(back);
     nm_free(text);
 
-    if (nm_calib_check_model(c, model, &err) == NM_OK && c->n_chunks > 0) {
+    if (nm_calib_check_shape(c, shape(model), &err) == NM_OK && c->n_chunks > 0) {
         nm_plan *p = NULL;
         const nm_plan_params pp = params_for(size);
-        require(nm_plan_make(model, c, &fixed_profile, &pp, &p, &err) == NM_OK, err.msg);
+        require(nm_plan_make(shape(model), c, &fixed_profile, &pp, &p, &err) == NM_OK, err.msg);
         check_plan(p, model);
         nm_plan_free(p);
     }
@@ -211,7 +217,7 @@ static void fuzz_profile(const uint8_t *data, size_t size) {
     if (p.d_model == model->hp.n_embd && p.d_ff == model->hp.n_ff_exp) {
         nm_plan *plan = NULL;
         const nm_plan_params pp = params_for(size);
-        require(nm_plan_make(model, fixed_calib, &p, &pp, &plan, &err) == NM_OK, err.msg);
+        require(nm_plan_make(shape(model), fixed_calib, &p, &pp, &plan, &err) == NM_OK, err.msg);
         check_plan(plan, model);
         nm_plan_free(plan);
     }
@@ -221,7 +227,7 @@ static void fuzz_profile(const uint8_t *data, size_t size) {
 static void fuzz_plan(const uint8_t *data, size_t size, const nm_model *m) {
     nm_plan *p = NULL;
     nm_error err = {0};
-    if (nm_plan_load_memory((const char *)data, size, "input", m, &p, &err) != NM_OK) {
+    if (nm_plan_load_memory((const char *)data, size, "input", shape(m), &p, &err) != NM_OK) {
         require(p == NULL && err.msg[0] != '\0', "a refusal leaves nothing and says why");
         return;
     }

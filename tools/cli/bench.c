@@ -367,7 +367,11 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     if (!text) return fail_err(&err);
     nm_plan *plan = NULL;
     nm_status st = NM_OK;
-    if (o->plan) st = nm_plan_load(o->plan, model, &plan, &err);
+    if (o->plan) {
+        nm_moe_shape shape;
+        nm_model_moe_shape(model, &shape);
+        st = nm_plan_load(o->plan, &shape, &plan, &err);
+    }
     b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
     b.plan = plan;
     nm_model_info mi;

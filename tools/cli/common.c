@@ -301,7 +301,9 @@ nm_status open_session(nm_model *model, const cli_options *o, bool static_path, 
     nm_status st = parse_kv_type(o, &sp.kv_type, err);
     if (static_path && o->mode) st = nm_mode_parse(o->mode, &sp.mode, err);
     if (st == NM_OK && static_path && o->plan) {
-        st = nm_plan_load(o->plan, model, &cs->plan, err);
+        nm_moe_shape shape;
+        nm_model_moe_shape(model, &shape);
+        st = nm_plan_load(o->plan, &shape, &cs->plan, err);
         sp.plan = cs->plan;
         if (st == NM_OK && o->chunk && o->chunk != cs->plan->moe.chunk)
             st = nm_errorf(err, NM_ERR_INVALID_ARG, "--chunk %d differs from the plan's chunk %d",

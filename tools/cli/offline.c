@@ -93,7 +93,9 @@ int cmd_calibrate(nm_model *model, const cli_options *o) {
     cli_session cs;
     nm_calib *calib = NULL;
     nm_status st = open_session(model, &so, false, &cs, &err);
-    if (st == NM_OK) st = nm_calib_new(model, chunk, &calib, &err);
+    nm_moe_shape shape;
+    nm_model_moe_shape(model, &shape);
+    if (st == NM_OK) st = nm_calib_new(&shape, chunk, &calib, &err);
     int rc = 0;
     if (st == NM_OK) {
         /* whole chunks only: each window is a multiple of the chunk, so every
@@ -248,7 +250,9 @@ int cmd_plan(nm_model *model, const cli_options *o) {
     nm_plan *plan = NULL;
     if (st == NM_OK) st = nm_calib_load(o->calib, &calib, &err);
     if (st == NM_OK) st = nm_profile_load(o->profile, &prof, &err);
-    if (st == NM_OK) st = nm_plan_make(model, calib, &prof, &pp, &plan, &err);
+    nm_moe_shape shape;
+    nm_model_moe_shape(model, &shape);
+    if (st == NM_OK) st = nm_plan_make(&shape, calib, &prof, &pp, &plan, &err);
     if (st == NM_OK) st = nm_plan_save(plan, o->output, &err);
     int rc = 0;
     if (st != NM_OK) {

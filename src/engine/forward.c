@@ -1,0 +1,249 @@
+/* The runtime of a session: the KV cache (F32, or F16 to halve it), the
+ * work buffers, the thread pool and the MoE executors (dense, and the
+ * static mode's with its plan and device), sized once in
+ * nm_engine_state_new; and the batch loop: a batch goes through every layer
+ * at once, the model's blocks (model/layer.c) around the executor's
+ * experts. nm_engine_forward does not allocate. */
+#include "engine-impl.h"
+
+#include "base/base.h"
+
+#include <string.h>
+
+struct nm_engine_state {
+    int32_t n_ctx;
+    int32_t n_batch;
+    int32_t n_kv; /* cache positions: n_ctx + room for a padded chunk */
+    nm_pool *pool;
+    size_t n_bytes;
+    nm_kv_type kv_type;
+    void *k_cache;                     /* [n_layer][n_kv][n_head_kv * head_dim] of kv_type */
+    void *v_cache;                     /* [n_layer][n_kv][n_head_kv * head_dim] of kv_type */
+    float *kv_stage;                   /* [2][n_batch][n_head_kv * head_dim] F16 cache: new K, V */
+    float *x;                          /* [n_batch][n_embd] residual stream       */
+    float *xn;                         /* [n_batch][n_embd] normed input of a block */
+    float *q;                          /* [n_batch][n_head * head_dim]            */
+    float *att;                        /* [n_batch][n_head * head_dim]            */
+    float *proj;                       /* [n_batch][n_embd] block output          */
+    float *scores;                     /* [n_threads][n_kv] attention scratch     */
+    float *router;                     /* [n_batch][n_expert] router logits       */
+    float *probs;                      /* [n_expert] routing scratch              */
+    int32_t *ids;                      /* [n_batch][k] chosen experts             */
+    float *weights;                    /* [n_batch][k] their weights              */
+    const nm_expert_weights **experts; /* [n_layer] the layers' expert stacks */
+    nm_moe_exec *dense;                /* host MoE: decode, and every batch in dense mode */
+    nm_moe_exec *prefill;              /* the static mode's executor, NULL in dense mode  */
+    const float *rope_factors;         /* [n_rot / 2] the model's short or long ones, or NULL */
+    nm_tap_fn tap;                     /* the session's tap, NULL: none */
+    void *tap_ctx;
+    const char *stop_name; /* the tensor whose tap asked to stop the batch, or NULL */
+    int32_t stop_layer;
+};
+
+static void *alloc_bytes(nm_engine_state *st, size_t n, size_t size, bool *ok) {
+    size_t bytes;
+    if (!nm_mul_size(n, size, &bytes)) {
+        *ok = false;
+        return NULL;
+    }
+    void *p = nm_calloc(1, bytes);
+    if (!p) *ok = false;
+    st->n_bytes += bytes;
+    return p;
+}
+
+static float *alloc_floats(nm_engine_state *st, size_t n, bool *ok) {
+    return alloc_bytes(st, n, sizeof(float), ok);
+}
+
+nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_engine_state **out,
+                              nm_error *err) {
+    *out = NULL;
+    const nm_hparams *hp = &m->hp;
+    int32_t n_ctx = p->n_ctx, n_batch = p->n_batch;
+    const int n_threads = p->n_threads;
+    if (n_ctx < 1)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "context size %d must be at least 1", n_ctx);
+    if (n_batch < 1)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "batch size %d must be at least 1", n_batch);
+    /* a batch never holds more than the context, but a static chunk keeps its
+     * shape: the cache has room for the padding of a last chunk */
+    if (p->mode == NM_MODE_DENSE && n_batch > n_ctx) n_batch = n_ctx;
+    nm_engine_state *st = nm_calloc(1, sizeof *st);
+    if (!st) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
+    st->n_ctx = n_ctx;
+    st->n_batch = n_batch;
+    st->n_kv = n_ctx + (p->mode == NM_MODE_DENSE ? 0 : n_batch - 1);
+    st->kv_type = p->kv_type;
+    nm_status s = nm_pool_new(n_threads, &st->pool, err);
+    if (s != NM_OK) {
+        nm_free(st);
+        return s;
+    }
+    const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
+    const size_t nb = (size_t)n_batch, d = (size_t)hp->n_embd, k = (size_t)hp->n_expert_used;
+    bool ok = true;
+    const size_t n_cache = (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim;
+    const bool f16 = p->kv_type == NM_KV_F16;
+    const size_t elem = f16 ? sizeof(uint16_t) : sizeof(float);
+    st->k_cache = alloc_bytes(st, n_cache, elem, &ok);
+    st->v_cache = alloc_bytes(st, n_cache, elem, &ok);
+    if (f16) st->kv_stage = alloc_floats(st, 2 * nb * kv_dim, &ok);
+    st->x = alloc_floats(st, nb * d, &ok);
+    st->xn = alloc_floats(st, nb * d, &ok);
+    st->q = alloc_floats(st, nb * q_dim, &ok);
+    st->att = alloc_floats(st, nb * q_dim, &ok);
+    st->proj = alloc_floats(st, nb * d, &ok);
+    st->scores = alloc_floats(st, (size_t)n_threads * (size_t)st->n_kv, &ok);
+    st->router = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
+    st->probs = alloc_floats(st, (size_t)hp->n_expert, &ok);
+    st->weights = alloc_floats(st, nb * k, &ok);
+    st->ids = nm_calloc(nb * k, sizeof(int32_t));
+    st->experts = nm_calloc((size_t)hp->n_layer, sizeof *st->experts);
+    if (!st->ids || !st->experts) ok = false;
+    if (!ok) {
+        nm_engine_state_free(st);
+        return nm_errorf(err, NM_ERR_NOMEM,
+                         "out of memory for a session of %d positions (KV cache %.1f MiB in %s)",
+                         n_ctx, 2.0 * hp->n_layer * n_ctx * kv_dim * (f16 ? 2.0 : 4.0) / 1048576.0,
+                         f16 ? "f16" : "f32");
+    }
+    for (int il = 0; il < hp->n_layer; il++)
+        st->experts[il] = &m->layers[il].experts;
+    /* llama.cpp and LongRoPE both take the long factors past the original
+     * context; a session decides once by its size, as llama.cpp does. */
+    st->rope_factors = n_ctx > hp->n_ctx_orig ? m->rope_factors_long : m->rope_factors_short;
+    nm_moe_exec_params ep = {.mode = NM_MODE_DENSE,
+                             .chunk = n_batch,
+                             .n_layer = hp->n_layer,
+                             .weights = st->experts,
+                             .k = hp->n_expert_used,
+                             .n_threads = n_threads};
+    s = nm_moe_exec_new(&ep, &st->dense, err);
+    if (s == NM_OK && p->mode != NM_MODE_DENSE) {
+        ep.mode = p->mode;
+        ep.plan = p->plan;
+        ep.device = p->device;
+        s = nm_moe_exec_new(&ep, &st->prefill, err);
+    }
+    if (s != NM_OK) {
+        nm_engine_state_free(st);
+        return s;
+    }
+    *out = st;
+    return NM_OK;
+}
+
+void nm_engine_state_free(nm_engine_state *st) {
+    if (!st) return;
+    nm_pool_free(st->pool);
+    nm_free(st->k_cache);
+    nm_free(st->v_cache);
+    nm_free(st->kv_stage);
+    nm_free(st->x);
+    nm_free(st->xn);
+    nm_free(st->q);
+    nm_free(st->att);
+    nm_free(st->proj);
+    nm_free(st->scores);
+    nm_free(st->router);
+    nm_free(st->probs);
+    nm_free(st->ids);
+    nm_free(st->weights);
+    nm_moe_exec_free(st->prefill);
+    nm_moe_exec_free(st->dense);
+    nm_free(st->experts);
+    nm_free(st);
+}
+
+int32_t nm_engine_state_n_ctx(const nm_engine_state *st) { return st->n_ctx; }
+int32_t nm_engine_state_n_batch(const nm_engine_state *st) { return st->n_batch; }
+size_t nm_engine_state_bytes(const nm_engine_state *st) { return st->n_bytes; }
+nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st) { return st->prefill; }
+nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st) { return st->dense; }
+
+void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx) {
+    st->tap = fn;
+    st->tap_ctx = fn ? ctx : NULL;
+}
+
+/* The blocks' tap when the session has one: the session's, remembering
+ * where it asked to stop. */
+static bool engine_tap(void *ctx, int32_t layer, const char *name, const float *values,
+                       int32_t n_rows, int64_t n_cols) {
+    nm_engine_state *st = ctx;
+    if (st->tap(st->tap_ctx, layer, name, values, n_rows, n_cols)) return true;
+    st->stop_name = name;
+    st->stop_layer = layer;
+    return false;
+}
+
+/* Layer il's part of the cache. */
+static nm_kv_view kv_view(const nm_model *m, const nm_engine_state *st, int32_t il) {
+    const size_t kv_dim = (size_t)m->hp.n_head_kv * m->hp.head_dim;
+    const size_t off = (size_t)il * (size_t)st->n_kv * kv_dim;
+    const size_t elem = st->kv_type == NM_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    return (nm_kv_view){.type = st->kv_type,
+                        .k = (char *)st->k_cache + off * elem,
+                        .v = (char *)st->v_cache + off * elem,
+                        .stage = st->kv_stage};
+}
+
+nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_t *ids, int32_t n,
+                            int32_t n_past, float *logits, bool all_logits, nm_error *err) {
+    const nm_hparams *hp = &m->hp;
+    if (n < 1 || n > st->n_batch)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "batch of %d tokens is not in 1..%d", n,
+                         st->n_batch);
+    if (n_past < 0 || n_past > st->n_ctx - n)
+        return nm_errorf(err, NM_ERR_CAPACITY,
+                         "%d cached + %d new positions exceed the context of %d", n_past, n,
+                         st->n_ctx);
+    for (int32_t t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= hp->n_vocab)
+            return nm_errorf(err, NM_ERR_INVALID_ARG, "token id %d at position %d is not in 0..%d",
+                             ids[t], n_past + t, hp->n_vocab - 1);
+    /* A prompt batch in a static mode is a chunk of exactly n_batch rows:
+     * the rows past n repeat the last token at the following positions.
+     * They are computed (a static graph would), attend only to earlier
+     * rows, are never routed, and their K/V land past n_past + n, where the
+     * next batch overwrites them: no real row sees them. */
+    nm_moe_exec *ex = st->prefill && n > 1 ? st->prefill : st->dense;
+    const nm_model_batch b = {.pool = st->pool,
+                              .n_rows = ex == st->prefill ? st->n_batch : n,
+                              .n_real = n,
+                              .n_past = n_past,
+                              .rope_factors = st->rope_factors,
+                              .x = st->x,
+                              .xn = st->xn,
+                              .q = st->q,
+                              .att = st->att,
+                              .proj = st->proj,
+                              .scores = st->scores,
+                              .scores_stride = st->n_kv,
+                              .router = st->router,
+                              .ids = st->ids,
+                              .weights = st->weights,
+                              .probs = st->probs,
+                              .tap = st->tap ? engine_tap : NULL,
+                              .tap_ctx = st};
+    nm_model_embed(m, ids, n, &b);
+    st->stop_name = NULL;
+    for (int32_t il = 0; il < hp->n_layer && !st->stop_name; il++) {
+        const nm_kv_view kv = kv_view(m, st, il);
+        if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
+        nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
+        nm_model_ffn_residual(m, il, &b);
+    }
+    /* a device that failed (lost) under the chunk's graphs: the chunk's
+     * results are void, and the device's message says why */
+    nm_status dst = nm_moe_exec_check(ex, err);
+    if (dst) return dst;
+    if (!st->stop_name && logits) nm_model_output(m, &b, all_logits ? 0 : n - 1, logits);
+    if (st->stop_name)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the tap stopped the evaluation at layer %d, tensor %s (positions %d..%d)",
+                         st->stop_layer, st->stop_name, n_past, n_past + n - 1);
+    return NM_OK;
+}

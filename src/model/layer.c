@@ -1,0 +1,205 @@
+/* The computation of a layer, shared by every architecture: embedding,
+ * the attention block, routing, the residual around the experts and the
+ * output head, over buffers and a KV cache the engine owns (model.h,
+ * nm_model_batch and nm_kv_view). Not here: the experts themselves (the
+ * engine's MoE executor runs them between routing and the residual). */
+#include "model.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Reports [n_real][n_cols] values to the batch's tap; false = stop. */
+static bool tap(const nm_model_batch *b, int32_t il, const char *name, const float *values,
+                int64_t n_cols) {
+    return !b->tap || b->tap(b->tap_ctx, il, name, values, b->n_real, n_cols);
+}
+
+/* ---- parallel matmul: output columns split into tiles ---- */
+
+typedef struct matmul_ctx {
+    const nm_mat *w;
+    const float *x;
+    int64_t ldx, m;
+    float *y;
+    int64_t ldy, tile;
+} matmul_ctx;
+
+static void matmul_task(void *p, int i, int thread) {
+    (void)thread;
+    const matmul_ctx *c = p;
+    int64_t j0 = (int64_t)i * c->tile, j1 = j0 + c->tile;
+    if (j1 > c->w->n) j1 = c->w->n;
+    nm_matmul_forward(c->w, c->x, c->ldx, c->m, c->y, c->ldy, j0, j1);
+}
+
+/* y[m][N] = x[m][K] W^T over the pool. */
+static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                   int64_t ldy) {
+    const int64_t n_threads = nm_pool_n_threads(pool);
+    /* a multiple of 16 columns, which the quantised kernels compute at once */
+    const int64_t tile = ((w->n + 4 * n_threads - 1) / (4 * n_threads) + 15) / 16 * 16;
+    matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
+    nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
+}
+
+/* ---- architecture plumbing: biases, llama.cpp's F16 activations ---- */
+
+static void add_bias(float *y, const float *b, int64_t n) {
+    if (b)
+        for (int64_t i = 0; i < n; i++)
+            y[i] += b[i];
+}
+
+/* Under --compat llama.cpp, the input of a matmul with F16 weights is
+ * rounded to F16 first, as ggml's F16 vec_dot and sgemm paths convert it.
+ * (The expert down projection's input is rounded by no one here: it lives
+ * in the MoE executor, so F16 experts stay about 1e-4 apart.) */
+static void compat_round_input(const nm_model *m, const nm_mat *w, float *x, int64_t n) {
+    if (m->compat == NM_COMPAT_LLAMA_CPP && w->type == NM_DTYPE_F16) nm_model_round_f16(x, n);
+}
+
+void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_model_batch *b) {
+    NM_ASSERT(n >= 1 && n <= b->n_rows);
+    const int64_t d = m->hp.n_embd;
+    for (int32_t t = 0; t < b->n_rows; t++)
+        nm_dequantize_row((nm_dtype)m->tok_embd.type,
+                          (const uint8_t *)m->tok_embd.data +
+                              (size_t)ids[t < n ? t : n - 1] * m->tok_embd.row_bytes,
+                          b->x + t * d, d);
+}
+
+/* ---- attention block ---- */
+
+typedef struct attention_ctx {
+    const nm_hparams *hp;
+    const nm_model_batch *b;
+    const nm_kv_view *kv;
+} attention_ctx;
+
+static void attention_task(void *p, int i, int thread) {
+    const attention_ctx *c = p;
+    const nm_hparams *hp = c->hp;
+    const nm_model_batch *b = c->b;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const float scale = 1.0f / sqrtf((float)hp->head_dim);
+    float *scores = b->scores + (size_t)thread * (size_t)b->scores_stride;
+    if (c->kv->type == NM_KV_F16)
+        nm_attention_f16_forward(b->q + i * q_dim, c->kv->k, c->kv->v, kv_dim, b->n_past + i + 1,
+                                 hp->n_head, hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim,
+                                 scores);
+    else
+        nm_attention_forward(b->q + i * q_dim, c->kv->k, c->kv->v, kv_dim, b->n_past + i + 1,
+                             hp->n_head, hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim,
+                             scores);
+}
+
+bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
+                        const nm_kv_view *kv) {
+    const nm_hparams *hp = &m->hp;
+    const nm_layer *l = &m->layers[il];
+    const int32_t n = b->n_rows;
+    const int64_t d = hp->n_embd, hd = hp->head_dim;
+    const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
+    const size_t past_off = (size_t)b->n_past * kv_dim;
+    const bool half = kv->type == NM_KV_F16;
+    NM_ASSERT(half == (kv->stage != NULL));
+    /* [n][kv_dim]: straight into an F32 cache; staged, then converted, for F16 */
+    float *k_new = half ? kv->stage : (float *)kv->k + past_off;
+    float *v_new = half ? kv->stage + (size_t)n * kv_dim : (float *)kv->v + past_off;
+
+    for (int32_t t = 0; t < n; t++)
+        nm_model_norm(hp, b->x + t * d, l->attn_norm, l->attn_norm_b, b->xn + t * d, d);
+    if (!tap(b, il, "attn_norm", b->xn, d)) return false;
+    /* by wq's type: converters give q, k and v one float type */
+    compat_round_input(m, &l->wq, b->xn, (int64_t)n * d);
+    matmul(b->pool, &l->wq, b->xn, d, n, b->q, q_dim);
+    matmul(b->pool, &l->wk, b->xn, d, n, k_new, kv_dim);
+    matmul(b->pool, &l->wv, b->xn, d, n, v_new, kv_dim);
+    for (int32_t t = 0; t < n; t++) {
+        float *qt = b->q + t * q_dim, *kt = k_new + t * kv_dim, *vt = v_new + t * kv_dim;
+        add_bias(qt, l->bq, q_dim);
+        add_bias(kt, l->bk, kv_dim);
+        add_bias(vt, l->bv, kv_dim);
+        if (hp->qk_norm == NM_QK_NORM_HEAD) {
+            for (int h = 0; h < hp->n_head; h++)
+                nm_rmsnorm_forward(qt + h * hd, l->q_norm, qt + h * hd, hd, hp->rms_eps);
+            for (int h = 0; h < hp->n_head_kv; h++)
+                nm_rmsnorm_forward(kt + h * hd, l->k_norm, kt + h * hd, hd, hp->rms_eps);
+        } else if (hp->qk_norm == NM_QK_NORM_WHOLE) {
+            nm_rmsnorm_forward(qt, l->q_norm, qt, q_dim, hp->rms_eps);
+            nm_rmsnorm_forward(kt, l->k_norm, kt, kv_dim, hp->rms_eps);
+        }
+        nm_model_rope(hp, b->rope_factors, qt, hp->n_head, b->n_past + t);
+        nm_model_rope(hp, b->rope_factors, kt, hp->n_head_kv, b->n_past + t);
+    }
+    if (!tap(b, il, "Qcur", b->q, q_dim) || !tap(b, il, "Kcur", k_new, kv_dim) ||
+        !tap(b, il, "Vcur", v_new, kv_dim))
+        return false;
+    if (half) {
+        uint16_t *k_half = (uint16_t *)kv->k + past_off, *v_half = (uint16_t *)kv->v + past_off;
+        for (int64_t i = 0; i < (int64_t)n * kv_dim; i++) {
+            k_half[i] = nm_f32_to_f16(k_new[i]);
+            v_half[i] = nm_f32_to_f16(v_new[i]);
+        }
+    }
+    attention_ctx c = {.hp = hp, .b = b, .kv = kv};
+    nm_pool_run(b->pool, attention_task, &c, n);
+    if (!tap(b, il, "kqv_out", b->att, q_dim)) return false;
+    compat_round_input(m, &l->wo, b->att, (int64_t)n * q_dim);
+    matmul(b->pool, &l->wo, b->att, q_dim, n, b->proj, d);
+    for (int32_t t = 0; t < n; t++)
+        add_bias(b->proj + t * d, l->bo, d);
+    for (int64_t i = 0; i < (int64_t)n * d; i++)
+        b->x[i] += b->proj[i];
+    return tap(b, il, "ffn_inp", b->x, d);
+}
+
+/* ---- MoE block, around the experts ---- */
+
+bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
+    const nm_hparams *hp = &m->hp;
+    const nm_layer *l = &m->layers[il];
+    const int32_t n = b->n_real;
+    const int64_t d = hp->n_embd, k = hp->n_expert_used;
+    for (int32_t t = 0; t < n; t++)
+        nm_model_norm(hp, b->x + t * d, l->ffn_norm, l->ffn_norm_b, b->xn + t * d, d);
+    if (!tap(b, il, "ffn_norm", b->xn, d)) return false;
+    matmul(b->pool, &l->router, b->xn, d, n, b->router, hp->n_expert);
+    if (!tap(b, il, "ffn_moe_logits", b->router, hp->n_expert)) return false;
+    for (int32_t t = 0; t < n; t++)
+        m->route(hp, b->router + (size_t)t * hp->n_expert, b->ids + t * k, b->weights + t * k,
+                 b->probs);
+    compat_round_input(m, &l->experts.gate, b->xn, (int64_t)n * d);
+    return true;
+}
+
+bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b) {
+    const int64_t d = m->hp.n_embd;
+    if (!tap(b, il, "ffn_moe_out", b->proj, d)) return false;
+    for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
+        b->x[i] += b->proj[i];
+    return tap(b, il, "l_out", b->x, d);
+}
+
+/* ---- output head ---- */
+
+bool nm_model_output(const nm_model *m, const nm_model_batch *b, int32_t first, float *logits) {
+    const nm_hparams *hp = &m->hp;
+    const int32_t n = b->n_real;
+    const int64_t d = hp->n_embd;
+    NM_ASSERT(first >= 0 && first < n);
+    float *xn = b->xn + (size_t)first * d;
+    for (int32_t t = first; t < n; t++)
+        nm_model_norm(hp, b->x + t * d, m->output_norm, m->output_norm_b, b->xn + t * d, d);
+    /* the tap sees the rows asked for, not n_real */
+    if (b->tap && !b->tap(b->tap_ctx, -1, "result_norm", xn, n - first, d)) return false;
+    compat_round_input(m, &m->output, xn, (int64_t)(n - first) * d);
+    matmul(b->pool, &m->output, xn, d, n - first, logits, hp->n_vocab);
+    for (int32_t t = 0; t < n - first; t++)
+        add_bias(logits + (size_t)t * hp->n_vocab, m->output_b, hp->n_vocab);
+    return !b->tap || b->tap(b->tap_ctx, -1, "result_output", logits, n - first, hp->n_vocab);
+}
