@@ -120,6 +120,15 @@ typedef struct nm_model_info {
 
 void nm_model_get_info(const nm_model *model, nm_model_info *out);
 
+/* Any key of the model's file as text, as llama.cpp's
+ * llama_model_meta_val_str: a string as it is (up to an embedded NUL), an
+ * integer in decimal, a float with 9 digits, a bool as true/false, an array
+ * as "[N x TYPE]" with gguf's short type names ("[4096 x str]"). Writes at
+ * most cap bytes including the NUL (buf may be NULL with cap 0) and returns
+ * the length of the whole text, which may exceed cap - 1 (then it is cut),
+ * or -1 when the key is absent. Thread-safe. */
+int32_t nm_model_meta_str(const nm_model *model, const char *key, char *buf, size_t cap);
+
 /* Writes a human-readable description (hyperparameters, tensor types and
  * sizes) to the stream, which is a FILE*. */
 void nm_model_describe(const nm_model *model, void *file);
@@ -364,8 +373,9 @@ typedef struct nm_moe_layer_metrics {
 typedef struct nm_session_metrics {
     nm_mode mode; /* the mode prompt batches ran in */
     int32_t n_layer;
-    const nm_moe_layer_metrics *layers; /* [n_layer], owned by the session: valid
-                                           until its next eval, reset or free */
+    const nm_moe_layer_metrics *layers; /* [n_layer], owned by the session, which
+                                           updates them in place: valid until
+                                           the session is freed */
     nm_moe_layer_metrics total;         /* summed over layers */
     nm_device_stats device;             /* zero without a device */
 } nm_session_metrics;

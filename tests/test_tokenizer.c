@@ -4,7 +4,8 @@
  * splitter of each pre-tokenizer, merge order on hand-made vocabularies,
  * special-token rules, invalid UTF-8, the count-then-fill protocol, hostile
  * vocabularies and allocation failures; and the public nm_tokenize's
- * add_special, which adds BOS only where the vocabulary asks for it. */
+ * add_special, which adds BOS only where the vocabulary asks for it, and
+ * nm_model_meta_str. */
 #include "harness.h"
 
 #include "base/base.h"
@@ -536,6 +537,31 @@ static void check_add_special(const char *path, bool want_bos) {
     CHECK_INT_EQ(n_with, n_without + (want_bos ? 1 : 0));
     if (want_bos) CHECK_INT_EQ(with[0], info.bos_id);
     CHECK(memcmp(with + (want_bos ? 1 : 0), without, n_without * sizeof *without) == 0);
+    /* the file's keys as text: a string (whole, asked for, cut), a bool, an
+     * integer, an array, an absent key */
+    char buf[64];
+    const char *tok_model = want_bos ? "llama" : "gpt2";
+    CHECK_INT_EQ(nm_model_meta_str(model, "tokenizer.ggml.model", buf, sizeof buf),
+                 (int32_t)strlen(tok_model));
+    CHECK(strcmp(buf, tok_model) == 0);
+    CHECK_INT_EQ(nm_model_meta_str(model, "tokenizer.ggml.model", NULL, 0),
+                 (int32_t)strlen(tok_model));
+    CHECK_INT_EQ(nm_model_meta_str(model, "tokenizer.ggml.model", buf, 3),
+                 (int32_t)strlen(tok_model));
+    CHECK(strlen(buf) == 2 && memcmp(buf, tok_model, 2) == 0);
+    if (want_bos) {
+        CHECK(nm_model_meta_str(model, "tokenizer.ggml.add_bos_token", buf, sizeof buf) == 4);
+        CHECK(strcmp(buf, "true") == 0);
+        char want[16];
+        snprintf(want, sizeof want, "%d", info.bos_id);
+        CHECK(nm_model_meta_str(model, "tokenizer.ggml.bos_token_id", buf, sizeof buf) > 0);
+        CHECK(strcmp(buf, want) == 0);
+    }
+    char want_arr[32];
+    snprintf(want_arr, sizeof want_arr, "[%d x str]", info.n_vocab);
+    CHECK(nm_model_meta_str(model, "tokenizer.ggml.tokens", buf, sizeof buf) > 0);
+    CHECK(strcmp(buf, want_arr) == 0);
+    CHECK_INT_EQ(nm_model_meta_str(model, "no.such.key", buf, sizeof buf), -1);
     nm_model_free(model);
 }
 
