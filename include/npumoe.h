@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 /* The library's version, written here and nowhere else: CMake's
  * project(VERSION) reads these lines (and checks the string against them). */
@@ -47,6 +48,33 @@ typedef struct nm_error {
     nm_status status;
     char msg[512];
 } nm_error;
+
+/* Conventions of every function below, unless its comment says otherwise.
+ * Ownership: a handle made by nm_X_new/_load/_open/_make/_create is the
+ * caller's and is released by its nm_X_free (or _close), which accepts
+ * NULL; memory the library hands out otherwise (lists, texts) is released
+ * with nm_free. Inputs are borrowed: the library keeps no pointer to them
+ * past the call, except where a params struct says what must outlive what.
+ * Errors: a function returning nm_status leaves its outputs NULL or zeroed
+ * on failure and, when err is not NULL, fills it. Threads: different
+ * handles may be used from different threads at once; one handle (a
+ * session, a sampler, a device) from one thread at a time; a loaded model,
+ * plan, calibration or profile is read-only and may be shared. */
+
+/* Records status and a printf-style message in err (which may be NULL) and
+ * returns status, so callers write `return nm_errorf(err, NM_ERR_X, ...)`:
+ * for callers reporting their own failures as the library does. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+nm_status
+nm_errorf(nm_error *err, nm_status status, const char *fmt, ...);
+
+/* Releases memory the library handed out (NULL is a no-op). */
+void nm_free(void *ptr);
+
+/* Online CPUs (at least 1): what a thread count of 0 means. */
+int nm_cpu_count(void);
 
 /* ---- model ---------------------------------------------------------------- */
 
@@ -104,18 +132,56 @@ typedef struct nm_model_info {
 
 void nm_model_get_info(const nm_model *model, nm_model_info *out);
 
+/* Any key of the model's file as text, as llama.cpp's
+ * llama_model_meta_val_str: a string as it is (up to an embedded NUL), an
+ * integer in decimal, a float with 9 digits, a bool as true/false, an array
+ * as "[N x TYPE]" with gguf's short type names ("[4096 x str]"). Writes at
+ * most cap bytes including the NUL (buf may be NULL with cap 0) and returns
+ * the length of the whole text, which may exceed cap - 1 (then it is cut),
+ * or -1 when the key is absent. Thread-safe. */
+int32_t nm_model_meta_str(const nm_model *model, const char *key, char *buf, size_t cap);
+
 /* Writes a human-readable description (hyperparameters, tensor types and
  * sizes) to the stream, which is a FILE*. */
 void nm_model_describe(const nm_model *model, void *file);
 
 /* ---- tokenizer --------------------------------------------------------------- */
 
-/* Encodes UTF-8 text (n_bytes, not NUL-terminated). With parse_special,
- * special-token text such as <|im_start|> becomes its id. BOS is added when
- * add_bos is true and the vocabulary has one. On NM_ERR_CAPACITY *n_out holds
- * the number of ids needed. Text that is not valid UTF-8 is NM_ERR_FORMAT. */
-nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_bos,
+/* Encodes UTF-8 text (n_bytes, not NUL-terminated). add_special: add the
+ * special tokens the model's tokenizer asks for (llama.cpp's add_special):
+ * BOS in front when the vocabulary has one and the file says to add it
+ * (tokenizer.ggml.add_bos_token, else the tokenizer's custom:
+ * nm_model_info.add_bos); false adds nothing. With parse_special,
+ * special-token text such as <|im_start|> becomes its id. On
+ * NM_ERR_CAPACITY *n_out holds the number of ids needed (call with cap 0 to
+ * ask). Text that is not valid UTF-8 is NM_ERR_FORMAT. Thread-safe. */
+nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_special,
                       bool parse_special, int32_t *ids, size_t cap, size_t *n_out, nm_error *err);
+
+/* ---- chat templates ---------------------------------------------------------- */
+
+/* One message of a conversation: role "system", "user" or "assistant". */
+typedef struct nm_chat_message {
+    const char *role;
+    const char *content;
+} nm_chat_message;
+
+/* Renders a conversation as the model's chat template does (tmpl NULL: the
+ * file's tokenizer.chat_template, recognised as one of the formats below) or
+ * as a named format: "chatml" (alias "qwen3"), "phi3", "mistral". A system
+ * message may come first; then user and assistant messages, the assistant
+ * ones being earlier answers. add_generation_prompt appends what opens the
+ * assistant's answer. BOS is not part of the text (nm_tokenize adds it).
+ * *out (NUL-terminated, *n_out bytes before the NUL) is the caller's, freed
+ * with nm_free. NM_ERR_NOT_FOUND: the model has no template;
+ * NM_ERR_UNSUPPORTED: its template is not a known format;
+ * NM_ERR_INVALID_ARG: an unknown name, no messages, or an unknown role or a
+ * system message after the first. model may be NULL with a named format.
+ * Thread-safe. */
+nm_status nm_chat_apply_template(const nm_model *model, const char *tmpl,
+                                 const nm_chat_message *messages, size_t n_messages,
+                                 bool add_generation_prompt, char **out, size_t *n_out,
+                                 nm_error *err);
 
 /* The bytes of one token (control tokens render as empty unless
  * render_special). Returns the byte count, which may exceed cap (then
@@ -164,9 +230,9 @@ nm_status nm_mode_parse(const char *name, nm_mode *out, nm_error *err);
 nm_status nm_overflow_parse(const char *name, nm_overflow *out, nm_error *err);
 nm_status nm_salience_parse(const char *name, nm_salience *out, nm_error *err);
 
-/* A static plan (tiers, groups, residency) made by `npumoe plan`. */
+/* A static plan (tiers, groups, residency): nm_plan_create or nm_plan_open. */
 typedef struct nm_plan nm_plan;
-/* A static-graph device ("cpu", ...). */
+/* A static-graph device ("cpu", "vulkan:0"): nm_device_open. */
 typedef struct nm_device nm_device;
 
 /* Element type of the KV cache. */
@@ -205,7 +271,9 @@ int32_t nm_session_n_vocab(const nm_session *session);
 
 /* Appends n tokens to the cache, processing them in batches of n_batch
  * (each batch layer by layer). When logits is non-NULL it receives
- * [n][n_vocab] logits if all_logits, else [n_vocab] for the last token. */
+ * [n][n_vocab] logits if all_logits, else [n_vocab] for the last token.
+ * NM_ERR_CAPACITY when the cache cannot hold n more positions (nothing is
+ * evaluated then). */
 nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, float *logits,
                           bool all_logits, nm_error *err);
 
@@ -238,6 +306,11 @@ typedef bool (*nm_tap_fn)(void *ctx, int32_t layer, const char *name, const floa
 
 /* Sets the session's tap (fn NULL: none, the default; no cost then). */
 void nm_session_set_tap(nm_session *session, nm_tap_fn fn, void *ctx);
+/* Bytes the session allocated (KV cache and work buffers). */
+size_t nm_session_bytes(const nm_session *session);
+
+/* Peak resident memory of the process, in bytes (0 if unknown). */
+uint64_t nm_peak_rss_bytes(void);
 
 /* ---- sampling ----------------------------------------------------------------- */
 
@@ -264,6 +337,412 @@ void nm_sampler_accept(nm_sampler *sampler, int32_t id);
 
 /* Picks a token from [n_vocab] logits (not modified). */
 int32_t nm_sampler_sample(nm_sampler *sampler, const float *logits);
+
+/* Index of the largest of x[0..n), ties to the lowest index (greedy). */
+int32_t nm_argmax(const float *x, int32_t n);
+
+/* ---- devices ------------------------------------------------------------------ */
+
+/* What nm_device_open opens. */
+typedef struct nm_device_params {
+    /* "cpu" (the host kernels on worker threads of the device's own),
+     * "vulkan" (the first Vulkan device) or "vulkan:N" (npumoe devices) */
+    const char *name;
+    int32_t n_threads;            /* cpu: worker threads, >= 1 (default 1)   */
+    uint64_t memory_budget_bytes; /* vulkan: most device memory the graphs may
+                                     hold; 0 (default) = its largest heap;
+                                     a graph beyond it is NM_ERR_CAPACITY */
+} nm_device_params;
+
+nm_device_params nm_device_default_params(void); /* "cpu", 1 thread */
+
+/* Opens a device. NM_ERR_INVALID_ARG: no name, a bad index or thread count;
+ * NM_ERR_UNSUPPORTED: an unknown name or a build without Vulkan;
+ * NM_ERR_NOT_FOUND: no such Vulkan device or no driver. Never another
+ * device instead. The device is the caller's (nm_device_close); a session
+ * using it must be freed first. */
+nm_status nm_device_open(const nm_device_params *params, nm_device **out, nm_error *err);
+void nm_device_close(nm_device *device);
+
+/* One device this machine can open. */
+typedef struct nm_device_info {
+    char name[32];         /* what nm_device_params.name takes: "cpu", "vulkan:0" */
+    char description[256]; /* the hardware ("llvmpipe (LLVM 15.0.6, 256 bits)") */
+    char driver[256];      /* driver name and version; "" for cpu          */
+    uint64_t memory_bytes; /* largest device-local heap; host memory for cpu */
+    bool float16;          /* shaders can compute in float16               */
+    bool int8;             /* shaders can compute in int8                  */
+} nm_device_info;
+
+/* Lists every device that can be opened: cpu first, then each Vulkan
+ * device. *out (nm_free it) has *n entries. Vulkan that cannot be used (not
+ * in this build, no loader, no driver) is not an error: its reason is
+ * written to why_no_vulkan (which may be NULL), "" when it is usable.
+ * Thread-safe. */
+nm_status nm_device_list(nm_device_info **out, int *n, char *why_no_vulkan, size_t why_bytes,
+                         nm_error *err);
+
+/* Counters a device keeps about itself since it was opened. */
+typedef struct nm_device_stats {
+    uint64_t graphs_compiled;
+    uint64_t dispatches;    /* submissions                       */
+    int64_t busy_ns;        /* time spent executing graphs       */
+    uint64_t rows_computed; /* capacity rows run, padding included */
+    uint64_t device_bytes;  /* weight and buffer bytes the graphs hold */
+    uint64_t upload_bytes;  /* bytes copied into device memory (weights at compile) */
+} nm_device_stats;
+
+/* ---- metrics of the static path ---------------------------------------------- */
+
+/* What the MoE blocks of one layer (or of all, summed) did in prompt batches. */
+typedef struct nm_moe_layer_metrics {
+    uint64_t chunks;
+    uint64_t assignments;   /* (token, expert) pairs routed      */
+    uint64_t dropped;       /* discarded by capacity             */
+    double weight;          /* routing weight of all assignments */
+    double dropped_weight;  /* routing weight of the dropped ones */
+    uint64_t spilled;       /* overflow computed on the host     */
+    uint64_t host_rows;     /* rows computed by the host (host experts, spills, dense) */
+    uint64_t device_rows;   /* rows filled in device graphs      */
+    uint64_t reserved_rows; /* capacity rows of the graphs dispatched */
+    uint64_t dispatches;
+    int64_t host_ns; /* host expert work                  */
+    int64_t wait_ns; /* time the host waited for the device */
+    int64_t moe_ns;  /* wall time of the whole MoE step after routing */
+} nm_moe_layer_metrics;
+
+typedef struct nm_session_metrics {
+    nm_mode mode; /* the mode prompt batches ran in */
+    int32_t n_layer;
+    const nm_moe_layer_metrics *layers; /* [n_layer], owned by the session, which
+                                           updates them in place: valid until
+                                           the session is freed */
+    nm_moe_layer_metrics total;         /* summed over layers */
+    nm_device_stats device;             /* zero without a device */
+} nm_session_metrics;
+
+/* MoE metrics of the prompt batches since creation or the last reset. */
+void nm_session_get_metrics(nm_session *session, nm_session_metrics *out);
+void nm_session_reset_metrics(nm_session *session);
+
+/* ---- calibration: the per-chunk expert loads of a text ----------------------- */
+
+typedef struct nm_calib nm_calib;
+
+/* Called after each window with the tokens done of total and the chunks
+ * recorded so far (per layer). */
+typedef void (*nm_calib_progress_fn)(void *ctx, size_t done, size_t total, int64_t n_chunks);
+
+typedef struct nm_calib_params {
+    int32_t chunk; /* T, the prefill chunk the plan is made for; 0 = 256 */
+    /* tokens per window (each from an empty cache), rounded down to a
+     * multiple of chunk; 0 = min(the trained context, 2048): a model routes
+     * positions it never saw differently */
+    int32_t n_ctx;
+    int32_t n_threads; /* 0 = one per online CPU */
+    nm_kv_type kv_type;
+    nm_calib_progress_fn progress; /* may be NULL */
+    void *progress_ctx;
+} nm_calib_params;
+
+nm_calib_params nm_calib_default_params(void);
+
+/* Runs the text's whole chunks (the rest is ignored) through a dense
+ * session of the model window by window and records every layer's expert
+ * loads per chunk. NM_ERR_INVALID_ARG: a window shorter than a chunk, or
+ * fewer tokens than one chunk (the message says how many). The calibration
+ * is the caller's (nm_calib_free). */
+nm_status nm_calib_make(const nm_model *model, const int32_t *ids, size_t n_ids,
+                        const nm_calib_params *params, nm_calib **out, nm_error *err);
+void nm_calib_free(nm_calib *calib);
+
+/* The file (JSON, docs/NPUMOE.md), written atomically; load validates every
+ * field (NM_ERR_FORMAT naming the field) and refuses old versions. */
+nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err);
+nm_status nm_calib_load(const char *path, nm_calib **out, nm_error *err);
+
+typedef struct nm_calib_info {
+    int32_t chunk, k, n_layer, n_expert;
+    int64_t n_chunks; /* chunks recorded (per layer) */
+    int64_t n_tokens; /* tokens in those chunks (per layer) */
+} nm_calib_info;
+
+void nm_calib_get_info(const nm_calib *calib, nm_calib_info *out);
+/* Mean assignments per chunk of one expert of one layer (0 when none). */
+double nm_calib_mean(const nm_calib *calib, int32_t layer, int32_t expert);
+
+/* ---- device profile: what graphs and the host cost --------------------------- */
+
+/* One measured graph shape. */
+typedef struct nm_profile_point {
+    int32_t n_experts;
+    int32_t capacity; /* rows per expert */
+    double graph_ms;  /* median time of submit + wait */
+} nm_profile_point;
+
+/* What a device measured about itself, for the planner. Filled by
+ * nm_profile_measure or nm_profile_load, released by nm_profile_free. */
+typedef struct nm_profile {
+    char device[32];
+    int64_t d_model;
+    int64_t d_ff;
+    uint32_t weight_type;  /* ggml type the graphs were measured with */
+    double dispatch_ms;    /* submit + wait of the smallest graph, minus its compute */
+    double host_row_ms;    /* host wall time per expert row (gate, up, down) with the
+                              whole host pool busy: one task's cost over the threads */
+    double host_expert_ms; /* host fixed cost per active expert */
+    /* What the host's MoE step of one layer costs per chunk beyond its
+     * expert FFNs as fitted above (dispatch table, gathering and scattering
+     * rows, combine, threads finishing unevenly, caches holding other
+     * layers) over a chunk of `chunk` tokens; never below 0. */
+    int32_t chunk;
+    double host_overhead_ms;
+    int32_t n_points;
+    nm_profile_point *points; /* [n_points], experts outer, capacity inner */
+} nm_profile;
+
+typedef struct nm_profile_params {
+    int32_t chunk; /* 0 = 256 */
+    /* graph shapes measured: expert counts (NULL = 1, 2, 4, ... up to the
+     * model's experts) x rows per expert (NULL = 4, 8, ... up to chunk, and
+     * chunk); at most 64 of each */
+    const int32_t *grid_experts;
+    int32_t n_grid_experts;
+    const int32_t *grid_capacity;
+    int32_t n_grid_capacity;
+    int32_t reps;      /* timed runs per shape (median); 0 = 5 */
+    int32_t n_threads; /* host threads of the host measurements; 0 = one per CPU */
+    void (*progress)(void *ctx, int done, int total); /* may be NULL */
+    void *progress_ctx;
+} nm_profile_params;
+
+nm_profile_params nm_profile_default_params(void);
+
+/* Measures the host's MoE step of the model over a chunk, then every graph
+ * shape of the grid on device with the model's first layer's experts. *out
+ * is the caller's: nm_profile_free. The device is busy for the call. */
+nm_status nm_profile_measure(const nm_model *model, nm_device *device,
+                             const nm_profile_params *params, nm_profile *out, nm_error *err);
+/* The file (JSON, docs/NPUMOE.md): written atomically; load checks it
+ * completely (NM_ERR_FORMAT naming the field). */
+nm_status nm_profile_save(const nm_profile *profile, const char *path, nm_error *err);
+nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);
+void nm_profile_free(nm_profile *profile);
+
+/* ---- plan: tiers, groups, residency ------------------------------------------ */
+
+/* How the planner chooses each expert's capacity. */
+typedef enum nm_plan_objective {
+    /* within a budget of rows per layer and chunk, the capacities (multiples
+     * of a granule) that minimise the expected overflow per chunk: the
+     * dropped routing weight with drop and router salience, the assignments
+     * over capacity otherwise (docs/NPUMOE.md, "Budgeted tiers") */
+    NM_PLAN_BUDGET,
+    /* each expert: the smallest tier >= a quantile of its per-chunk load */
+    NM_PLAN_QUANTILE,
+    NM_PLAN_OBJECTIVE_COUNT
+} nm_plan_objective;
+
+const char *nm_plan_objective_name(nm_plan_objective objective);
+
+typedef struct nm_plan_params {
+    nm_plan_objective objective; /* default NM_PLAN_BUDGET */
+    /* quantile: candidate capacities, strictly ascending in [1, chunk], at
+     * most 32; NULL = the powers of two in [T/64, T) and T.
+     * budget: must be NULL (the tiers are the multiples of granule) */
+    const int32_t *tiers;
+    int32_t n_tiers;
+    double quantile; /* in (0, 1]: each expert gets the smallest tier >= this
+                        quantile of its per-chunk load; default 0.95. The
+                        budget objective's default budget is the rows
+                        this rule reserves, layer by layer */
+    /* budget: rows per layer and chunk (sum of the experts' capacities), at
+     * least n_expert * granule, at most n_expert * chunk (a larger one is
+     * taken as that); 0 = budget_ms, or else the quantile rule's */
+    int64_t budget_rows;
+    /* budget: > 0 = device time per layer and chunk, turned into rows by
+     * the profile's per-row cost */
+    double budget_ms;
+    /* budget: capacities are multiples of it; a divisor of the chunk giving
+     * at most 32 tiers; 0 = the smallest divisor >= chunk/16 */
+    int32_t granule;
+    nm_overflow overflow; /* default spill */
+    nm_salience salience; /* default residual-norm */
+    /* device bytes the resident groups may hold (the experts' weights and
+     * the graphs' buffers), hottest (largest predicted saving) first;
+     * UINT64_MAX = unlimited (the default), 0 = everything on the host */
+    uint64_t device_memory_bytes;
+    /* most experts in one graph; 0 = the largest expert count the profile
+     * measured (shapes beyond the measurement are extrapolations, and real
+     * devices have graph size limits the profile would have hit) */
+    int32_t max_group_experts;
+} nm_plan_params;
+
+nm_plan_params nm_plan_default_params(void);
+
+/* Makes a plan from a calibration of this model (NM_ERR_INVALID_ARG
+ * naming both fingerprints otherwise) and a profile of a device with the
+ * model's d_model and d_ff. params NULL = defaults. How: docs/NPUMOE.md.
+ * The plan is the caller's (nm_plan_free); it must outlive the sessions
+ * that run it. */
+nm_status nm_plan_create(const nm_model *model, const nm_calib *calib, const nm_profile *profile,
+                         const nm_plan_params *params, nm_plan **out, nm_error *err);
+/* Loads a plan file and checks it completely and against the model (another
+ * model's plan is NM_ERR_INVALID_ARG naming both fingerprints); model NULL
+ * checks everything but that. */
+nm_status nm_plan_open(const char *path, const nm_model *model, nm_plan **out, nm_error *err);
+nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err);
+void nm_plan_free(nm_plan *plan);
+
+typedef struct nm_plan_info {
+    char device[32]; /* the device the profile measured ("cpu") */
+    int32_t chunk;   /* T: sessions running the plan prefill in chunks of T */
+    int32_t n_layer;
+    nm_plan_objective objective;
+    nm_overflow overflow;
+    nm_salience salience;
+    /* as the calibration predicts a new chunk, over all layers: the
+     * fraction of assignments over capacity (dropped or spilled) and of
+     * routing weight over capacity */
+    double predicted_drop_rate;
+    double predicted_drop_weight;
+    double predicted_chunk_ms; /* MoE time of one chunk, all layers */
+    uint64_t device_bytes;     /* device memory of the resident groups */
+} nm_plan_info;
+
+void nm_plan_get_info(const nm_plan *plan, nm_plan_info *out);
+/* Writes a human-readable summary (tiers, groups per layer, residency,
+ * predicted cost) to the stream. */
+void nm_plan_describe(const nm_plan *plan, FILE *file);
+
+/* ---- perplexity and comparison ----------------------------------------------- */
+
+/* Negative log-likelihoods of scored tokens. */
+typedef struct nm_nll_stats {
+    double sum;    /* sum of -log p(target) */
+    double sum_sq; /* sum of its squares    */
+    uint64_t count;
+} nm_nll_stats;
+
+/* exp(mean nll). */
+double nm_nll_stats_ppl(const nm_nll_stats *s);
+/* llama.cpp's uncertainty of the perplexity: ppl * sqrt(var(nll) / (count - 1)). */
+double nm_nll_stats_ppl_err(const nm_nll_stats *s);
+
+/* Result of scoring a text with a reference and, optionally, a candidate. */
+typedef struct nm_accuracy {
+    int32_t n_ctx; /* window length */
+    int32_t n_windows;
+    nm_nll_stats ref;  /* reference perplexity */
+    nm_nll_stats cand; /* candidate perplexity (count 0 without one) */
+    double kl_sum;     /* KL(ref || cand) summed over scored positions */
+    double kl_max;
+    uint64_t top1_same; /* scored positions whose argmax agrees */
+} nm_accuracy;
+
+/* Called once before the first window (done = 0), then after each window
+ * with the totals so far. */
+typedef void (*nm_progress_fn)(void *ctx, int32_t done, int32_t total, const nm_accuracy *acc);
+
+/* Perplexity as llama.cpp's llama-perplexity computes it: the tokens are cut
+ * into n / n_ctx non-overlapping windows (the rest is ignored); when bos >= 0
+ * the first token of each window is replaced by it; each window is evaluated
+ * from an empty cache, and only its second half is scored: the logits at
+ * positions n_ctx/2 .. n_ctx-2 predict the next token. With a candidate
+ * session (else NULL), the same windows also run through it, and KL and
+ * top-1 agreement are measured at the scored positions. Both sessions are
+ * reset. Needs at least 2 * n_ctx tokens (NM_ERR_INVALID_ARG). */
+nm_status nm_score_text(nm_session *ref, nm_session *cand, const int32_t *ids, size_t n,
+                        int32_t n_ctx, int32_t bos, nm_progress_fn progress, void *progress_ctx,
+                        nm_accuracy *out, nm_error *err);
+
+/* ---- quantize ------------------------------------------------------------------ */
+
+/* One finished tensor, for progress reports. */
+typedef struct nm_quantize_progress {
+    uint64_t index, n_tensors; /* index is 0-based */
+    const char *name;          /* the tensor's name, name_len bytes (not NUL-terminated) */
+    size_t name_len;
+    uint32_t n_dims;
+    int64_t ne[4];           /* shape, ne[0] the row length */
+    const char *type_in;     /* ggml type names: "f32", "q4_K", ... */
+    const char *type_out;    /* the type written */
+    const char *type_wanted; /* the kind's type before the row-length fallback */
+    uint32_t wanted_block;   /* elements per block of type_wanted */
+    bool eligible;           /* false: kept as it is (1-D, norm, router, ...) */
+    bool fell_back;          /* eligible, but its rows are no multiple of
+                                wanted_block: type_out is another type */
+    uint64_t in_bytes, out_bytes;
+} nm_quantize_progress;
+
+typedef struct nm_quantize_params {
+    /* "q8_0" (default), "q4_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m",
+     * "q4_k_s", "q5_k_s", "f32", "f16", "bf16" (any case): single types give
+     * every quantisable tensor that type; the mixes follow llama-quantize */
+    const char *type;
+    int32_t n_threads;                                          /* 0 = one per online CPU */
+    void (*progress)(void *ctx, const nm_quantize_progress *p); /* may be NULL */
+    void *progress_ctx;
+} nm_quantize_params;
+
+nm_quantize_params nm_quantize_default_params(void);
+
+typedef struct nm_quantize_summary {
+    const char *type;   /* the kind's canonical name */
+    uint32_t file_type; /* general.file_type written (llama.cpp's LLAMA_FTYPE) */
+    int32_t n_threads;  /* threads used */
+    uint64_t n_tensors, n_converted, n_fallback;
+    uint64_t n_elements;                    /* of all tensors */
+    uint64_t in_data_bytes, out_data_bytes; /* tensor data, without padding */
+    uint64_t out_file_bytes;
+} nm_quantize_summary;
+
+/* Writes a quantised copy of the GGUF file in_path (F32/F16/BF16 tensors)
+ * to out_path with every key, atomically (as nm_outfile). NM_ERR_INVALID_ARG
+ * for an unknown type (the message lists them), out_path naming the input,
+ * or a value that cannot be converted (named by tensor, row and column).
+ * summary may be NULL. Thread-safe (each call its own files). */
+nm_status nm_quantize(const char *in_path, const char *out_path, const nm_quantize_params *params,
+                      nm_quantize_summary *summary, nm_error *err);
+
+/* ---- kernels -------------------------------------------------------------------- */
+
+/* Applies NPUMOE_KERNELS from the environment (ref, avx2, avx512,
+ * avx512bf16, avx512vnni, amx, exact) before the first model is loaded:
+ * NM_ERR_UNSUPPORTED when it names a variant this CPU cannot run. */
+nm_status nm_kernels_check_environment(nm_error *err);
+/* The kernel variant in use ("avx512vnni") and why it was chosen. */
+const char *nm_kernels_variant(void);
+const char *nm_kernels_variant_why(void);
+
+/* ---- output files ------------------------------------------------------------- */
+
+/* A file written so that nothing but the target changes: a regular file or
+ * a new name is replaced atomically (a temporary file beside it, flushed to
+ * disk and renamed over it by commit); a symbolic link is followed to its
+ * target (a link to nothing is refused); a character device or a FIFO
+ * (/dev/null, /dev/stdout, a pipe) is written directly; anything else (a
+ * directory, a block device, a socket) is refused. Messages name the path
+ * as given. Every file the library saves is written this way. */
+typedef struct nm_outfile {
+    FILE *f;      /* write here (or with nm_outfile_write) between open and commit */
+    char *path;   /* as given */
+    char *target; /* where the bytes go: path, or where its symbolic link points */
+    char *tmp;    /* the temporary file beside target; NULL when written directly */
+} nm_outfile;
+
+nm_status nm_outfile_open(const char *path, nm_outfile *o, nm_error *err);
+nm_status nm_outfile_write(nm_outfile *o, const void *data, size_t n_bytes, nm_error *err);
+/* Flushes, forces a regular file to disk and renames it over the target;
+ * releases o in every case (on failure as nm_outfile_abort). */
+nm_status nm_outfile_commit(nm_outfile *o, nm_error *err);
+/* Closes, removes the temporary file (the target is untouched); o may be
+ * zeroed or already released. */
+void nm_outfile_abort(nm_outfile *o);
+/* Whether nm_outfile_open(path) would succeed now, leaving nothing behind
+ * (a device or FIFO is not opened: a FIFO would wait for a reader), so that
+ * a bad output path fails before the work. */
+nm_status nm_outfile_check(const char *path, nm_error *err);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,9 @@
  * writes (strings written out from the templates); and the rendered
  * Phi-3.5 and Qwen3 prompts tokenize to the chat-formatted prompts of the
  * goldens (tiny-phimoe and tiny-qwen3moe prompt 2, 32-token prefixes made by
- * llama.cpp). */
+ * llama.cpp). Conversations: several turns with earlier answers, with and
+ * without the generation prompt, and the public nm_chat_apply_template on
+ * the model's template, a named one, and bad messages. */
 #include "harness.h"
 
 #include "base/base.h"
@@ -100,6 +102,56 @@ static void check_prompt(const char *model_dir, nm_chat_format f) {
     nm_gguf_close(g);
 }
 
+/* A two-turn conversation rendered in f, with or without the generation
+ * prompt. */
+static void check_turns(nm_chat_format f, bool gen, const char *want) {
+    const nm_chat_message m[4] = {
+        {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "And?"}};
+    char *out = NULL;
+    size_t n = 0;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_chat_render(f, m, 4, gen, &out, &n, &err), NM_OK);
+    CHECK(out && n == strlen(want) && strcmp(out, want) == 0);
+    if (out && strcmp(out, want) != 0) fprintf(stderr, "rendered\n[%s]\nwant\n[%s]\n", out, want);
+    nm_free(out);
+}
+
+/* The public entry: the model's template, a name, and what it refuses. */
+static void check_public_template(void) {
+    nm_model_params mp = nm_model_default_params();
+    mp.vocab_only = true;
+    nm_model *model = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_model_load(NM_VECTORS_DIR "/qwen3-vocab.gguf", &mp, &model, &err), NM_OK);
+    const nm_chat_message m[1] = {{"user", "Hi there"}};
+    char *out = NULL;
+    size_t n = 0;
+    CHECK_INT_EQ(nm_chat_apply_template(model, NULL, m, 1, true, &out, &n, &err), NM_OK);
+    CHECK(out && strcmp(out, "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n") == 0);
+    nm_free(out);
+    CHECK_INT_EQ(nm_chat_apply_template(NULL, "phi3", m, 1, false, &out, &n, &err), NM_OK);
+    CHECK(out && strcmp(out, "<|user|>\nHi there<|end|>\n") == 0);
+    nm_free(out);
+    CHECK_INT_EQ(nm_chat_apply_template(NULL, NULL, m, 1, true, &out, &n, &err),
+                 NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_chat_apply_template(model, NULL, m, 0, true, &out, &n, &err),
+                 NM_ERR_INVALID_ARG);
+    const nm_chat_message late[2] = {{"user", "Hi"}, {"system", "Be brief."}};
+    CHECK_INT_EQ(nm_chat_apply_template(model, NULL, late, 2, true, &out, &n, &err),
+                 NM_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "system first only") != NULL);
+    const nm_chat_message bad[1] = {{"tool", "x"}};
+    CHECK_INT_EQ(nm_chat_apply_template(model, NULL, bad, 1, true, &out, &n, &err),
+                 NM_ERR_INVALID_ARG);
+    CHECK(out == NULL);
+    nm_model_free(model);
+    /* a vocabulary without a template: not found, naming the fallback */
+    CHECK_INT_EQ(nm_model_load(NM_VECTORS_DIR "/mistral-vocab.gguf", &mp, &model, &err), NM_OK);
+    CHECK_INT_EQ(nm_chat_apply_template(model, NULL, m, 1, true, &out, &n, &err), NM_ERR_NOT_FOUND);
+    CHECK(strstr(err.msg, "--chat-template") != NULL);
+    nm_model_free(model);
+}
+
 static void check_unknown_template(void) {
     nm_gguf_writer *w = nm_gguf_writer_new();
     CHECK(w != NULL);
@@ -149,6 +201,20 @@ int main(void) {
     CHECK_INT_EQ(f, NM_CHAT_CHATML);
     CHECK_INT_EQ(nm_chat_format_parse("jinja", &f, &err), NM_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "phi3") != NULL);
+
+    check_turns(NM_CHAT_CHATML, true,
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n"
+                "<|im_start|>assistant\n");
+    check_turns(NM_CHAT_CHATML, false,
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n");
+    check_turns(NM_CHAT_PHI3, true,
+                "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n"
+                "<|user|>\nAnd?<|end|>\n<|assistant|>\n");
+    check_turns(NM_CHAT_MISTRAL, true,
+                "[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] And? [/INST]");
+    check_public_template();
 
     check_prompt("tiny-phimoe", NM_CHAT_PHI3);
     check_prompt("tiny-qwen3moe", NM_CHAT_CHATML);

@@ -517,13 +517,17 @@ static void check_creation(void) {
 
     nm_device *dev = (nm_device *)&row0;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_device_new("npu", 2, &dev, &err), NM_ERR_UNSUPPORTED);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "npu", .n_threads = 2}, &dev, &err),
+                 NM_ERR_UNSUPPORTED);
     CHECK(dev == NULL);
     CHECK(strstr(err.msg, "'npu'") && strstr(err.msg, "available: cpu"));
-    CHECK_INT_EQ(nm_device_new(NULL, 2, &dev, &err), NM_ERR_INVALID_ARG);
-    CHECK_INT_EQ(nm_device_new("cpu", 0, &dev, &err), NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = NULL, .n_threads = 2}, &dev, &err),
+                 NM_ERR_INVALID_ARG);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 0}, &dev, &err),
+                 NM_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "thread count 0") != NULL);
-    CHECK_INT_EQ(nm_device_new("cpu", 3, &dev, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 3}, &dev, &err),
+                 NM_OK);
     CHECK(dev && strcmp(dev->ops->name, "cpu") == 0);
     nm_device_stats s;
     dev->ops->stats(dev, &s);
@@ -535,7 +539,8 @@ static void check_creation(void) {
     int n_failures = 0;
     for (long n = 0; n < 32; n++) {
         nm_alloc_fail_after(n);
-        nm_status st = nm_device_new("cpu", 3, &dev, &err);
+        nm_status st =
+            nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 3}, &dev, &err);
         nm_alloc_fail_after(-1);
         if (st == NM_OK) {
             nm_device_free(dev);
@@ -571,7 +576,10 @@ int main(void) {
     for (int d = 0; d < N_DEVICES; d++) {
         for (int n_threads = 1; n_threads <= 3; n_threads += 2) {
             nm_device *dev = NULL;
-            CHECK_INT_EQ(nm_device_new(device_names[d], n_threads, &dev, &err), NM_OK);
+            CHECK_INT_EQ(
+                nm_device_new(&(nm_device_params){.name = device_names[d], .n_threads = n_threads},
+                              &dev, &err),
+                NM_OK);
             if (!dev) continue;
             char what[64];
             for (int32_t il = 0; il < model->hp.n_layer; il++) {
@@ -597,7 +605,9 @@ int main(void) {
         }
         nm_device *dev = NULL;
         nm_pool *host = NULL;
-        CHECK_INT_EQ(nm_device_new(device_names[d], 2, &dev, &err), NM_OK);
+        CHECK_INT_EQ(
+            nm_device_new(&(nm_device_params){.name = device_names[d], .n_threads = 2}, &dev, &err),
+            NM_OK);
         CHECK_INT_EQ(nm_pool_new(2, &host, &err), NM_OK);
         if (dev && host) {
             check_async(dev, &model->layers[0].experts);

@@ -1637,7 +1637,8 @@ static void test_end_to_end(nm_model *m) {
 
     nm_device *dev = NULL;
     nm_pool *pool = NULL;
-    CHECK_INT_EQ(nm_device_new("cpu", 1, &dev, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
+                 NM_OK);
     CHECK_INT_EQ(nm_pool_new(2, &pool, &err), NM_OK);
     nm_profile prof = {0};
     const int32_t counts[] = {1, 2, 4}, caps[] = {1, 4, 16};

@@ -185,7 +185,8 @@ int main(void) {
     nm_error err = {0};
     CHECK_INT_EQ(nm_model_load(VEC "model.gguf", NULL, &m, &err), NM_OK);
     nm_device *dev = NULL;
-    CHECK_INT_EQ(nm_device_new("cpu", 1, &dev, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
+                 NM_OK);
     if (!m || !dev) return nm_test_finish("test_static");
     const int nv = m->hp.n_vocab;
     int32_t ids[MAX_IDS];

@@ -3,7 +3,9 @@
  * must give the text back. Then what the goldens do not reach: the word
  * splitter of each pre-tokenizer, merge order on hand-made vocabularies,
  * special-token rules, invalid UTF-8, the count-then-fill protocol, hostile
- * vocabularies and allocation failures. */
+ * vocabularies and allocation failures; and the public nm_tokenize's
+ * add_special, which adds BOS only where the vocabulary asks for it, and
+ * nm_model_meta_str. */
 #include "harness.h"
 
 #include "base/base.h"
@@ -514,7 +516,58 @@ static void check_allocation_failures(void) {
     CHECK(n_nomem >= 8);
 }
 
+/* nm_tokenize(add_special): BOS first exactly when the file says to add it;
+ * false never adds one. */
+static void check_add_special(const char *path, bool want_bos) {
+    nm_model_params mp = nm_model_default_params();
+    mp.vocab_only = true;
+    nm_model *model = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_model_load(path, &mp, &model, &err), NM_OK);
+    if (!model) return;
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    CHECK_INT_EQ(info.add_bos, want_bos);
+    int32_t with[16], without[16];
+    size_t n_with = 0, n_without = 0;
+    CHECK_INT_EQ(nm_tokenize(model, "Hello world", 11, true, false, with, 16, &n_with, &err),
+                 NM_OK);
+    CHECK_INT_EQ(nm_tokenize(model, "Hello world", 11, false, false, without, 16, &n_without, &err),
+                 NM_OK);
+    CHECK_INT_EQ(n_with, n_without + (want_bos ? 1 : 0));
+    if (want_bos) CHECK_INT_EQ(with[0], info.bos_id);
+    CHECK(memcmp(with + (want_bos ? 1 : 0), without, n_without * sizeof *without) == 0);
+    /* the file's keys as text: a string (whole, asked for, cut), a bool, an
+     * integer, an array, an absent key */
+    char buf[64];
+    const char *tok_model = want_bos ? "llama" : "gpt2";
+    CHECK_INT_EQ(nm_model_meta_str(model, "tokenizer.ggml.model", buf, sizeof buf),
+                 (int32_t)strlen(tok_model));
+    CHECK(strcmp(buf, tok_model) == 0);
+    CHECK_INT_EQ(nm_model_meta_str(model, "tokenizer.ggml.model", NULL, 0),
+                 (int32_t)strlen(tok_model));
+    CHECK_INT_EQ(nm_model_meta_str(model, "tokenizer.ggml.model", buf, 3),
+                 (int32_t)strlen(tok_model));
+    CHECK(strlen(buf) == 2 && memcmp(buf, tok_model, 2) == 0);
+    if (want_bos) {
+        CHECK(nm_model_meta_str(model, "tokenizer.ggml.add_bos_token", buf, sizeof buf) == 4);
+        CHECK(strcmp(buf, "true") == 0);
+        char want[16];
+        snprintf(want, sizeof want, "%d", info.bos_id);
+        CHECK(nm_model_meta_str(model, "tokenizer.ggml.bos_token_id", buf, sizeof buf) > 0);
+        CHECK(strcmp(buf, want) == 0);
+    }
+    char want_arr[32];
+    snprintf(want_arr, sizeof want_arr, "[%d x str]", info.n_vocab);
+    CHECK(nm_model_meta_str(model, "tokenizer.ggml.tokens", buf, sizeof buf) > 0);
+    CHECK(strcmp(buf, want_arr) == 0);
+    CHECK_INT_EQ(nm_model_meta_str(model, "no.such.key", buf, sizeof buf), -1);
+    nm_model_free(model);
+}
+
 int main(void) {
+    check_add_special(NM_VECTORS_DIR "/qwen3-vocab.gguf", false);
+    check_add_special(NM_VECTORS_DIR "/mistral-vocab.gguf", true);
     check_splitter();
     check_small_vocabs();
     check_allocation_failures();

@@ -212,18 +212,22 @@ static void check_names(int n_vulkan) {
     nm_error err = {0};
     char name[32];
     snprintf(name, sizeof name, "vulkan:%d", n_vulkan);
-    CHECK_INT_EQ(nm_device_new(name, 1, &dev, &err), NM_ERR_NOT_FOUND);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = name, .n_threads = 1}, &dev, &err),
+                 NM_ERR_NOT_FOUND);
     printf("%s: %s\n", name, err.msg);
     CHECK(strstr(err.msg, "does not exist") != NULL);
     const char *bad[] = {"vulkan:", "vulkan:x", "vulkan:-1", "vulkan:1x", "vulkanx"};
     for (int i = 0; i < 5; i++) {
-        const nm_status st = nm_device_new(bad[i], 1, &dev, &err);
+        const nm_status st =
+            nm_device_new(&(nm_device_params){.name = bad[i], .n_threads = 1}, &dev, &err);
         CHECK(st == NM_ERR_INVALID_ARG || st == NM_ERR_UNSUPPORTED);
         CHECK(dev == NULL);
     }
-    CHECK_INT_EQ(nm_device_new("vulkan", 1, &dev, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err),
+                 NM_OK);
     nm_device_free(dev);
-    CHECK_INT_EQ(nm_device_new("vulkan:0", 1, &dev, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "vulkan:0", .n_threads = 1}, &dev, &err),
+                 NM_OK);
     nm_device_free(dev);
 }
 
@@ -364,7 +368,8 @@ int main(void) {
         printf("no Vulkan device: %s\n", why);
         CHECK(why[0] != '\0');
         nm_device *dev = NULL;
-        CHECK(nm_device_new("vulkan", 1, &dev, &err) != NM_OK);
+        CHECK(nm_device_new(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err) !=
+              NM_OK);
         CHECK(dev == NULL && err.msg[0] != '\0');
         printf("--device vulkan: %s\n", err.msg);
         if (getenv("NM_REQUIRE_VULKAN")) {
@@ -378,8 +383,10 @@ int main(void) {
     CHECK(nm_kernels_force(NM_KERNELS_REF));
     check_names(n_vulkan);
     nm_device *vk = NULL, *cpu = NULL;
-    CHECK_INT_EQ(nm_device_new("vulkan", 1, &vk, &err), NM_OK);
-    CHECK_INT_EQ(nm_device_new("cpu", 1, &cpu, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &vk, &err),
+                 NM_OK);
+    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &cpu, &err),
+                 NM_OK);
     if (!vk || !cpu) return nm_test_finish("test_vulkan");
     const uint32_t types[6] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
                                NM_DTYPE_Q8_0, NM_DTYPE_Q4_K, NM_DTYPE_Q6_K};

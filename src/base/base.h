@@ -26,13 +26,7 @@ typedef struct nm_fingerprint {
 
 _Noreturn void nm_assert_fail(const char *cond, const char *file, int line);
 
-/* Records status and a printf-style message in err (which may be NULL) and
- * returns status, so callers write `return nm_errorf(err, NM_ERR_X, ...)`. */
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-nm_status
-nm_errorf(nm_error *err, nm_status status, const char *fmt, ...);
+/* nm_errorf (a status and its message into an nm_error) is public: npumoe.h. */
 
 /* Prefixes err->msg with "context: " (for adding the file or tensor name as
  * an error travels up). Returns err->status (NM_OK if err is NULL). */
@@ -47,7 +41,7 @@ nm_error_prefix(nm_error *err, const char *fmt, ...);
 void *nm_malloc(size_t n_bytes);
 void *nm_calloc(size_t n, size_t size);
 void *nm_realloc(void *ptr, size_t n_bytes);
-void nm_free(void *ptr);
+/* nm_free is public (npumoe.h). */
 
 /* Test hook: the n-th allocation from now (0 = the next) fails; -1 = never. */
 void nm_alloc_fail_after(long n);
@@ -71,31 +65,7 @@ double nm_rng_unit(nm_rng *r);
 /* Monotonic wall clock in nanoseconds. */
 int64_t nm_time_ns(void);
 
-/* A file written for a command (outfile.c), chosen and checked before the
- * work so that a bad path fails at once, and written so that nothing but the
- * target changes: a regular file or a new name is replaced atomically (a
- * temporary file beside it, flushed to disk and renamed over it by commit);
- * a symbolic link is followed to its target (a link to nothing is refused);
- * a character device or a FIFO (/dev/null, /dev/stdout, a pipe) is written
- * directly; anything else (a directory, a block device, a socket) is
- * refused. Messages name the path as given. */
-typedef struct nm_outfile {
-    FILE *f;      /* write here (or with nm_outfile_write) between open and commit */
-    char *path;   /* as given */
-    char *target; /* where the bytes go: path, or where its symbolic link points */
-    char *tmp;    /* the temporary file beside target; NULL when written directly */
-} nm_outfile;
 
-nm_status nm_outfile_open(const char *path, nm_outfile *o, nm_error *err);
-nm_status nm_outfile_write(nm_outfile *o, const void *data, size_t n_bytes, nm_error *err);
-/* Flushes, forces a regular file to disk and renames it over the target;
- * releases o in every case (on failure as nm_outfile_abort). */
-nm_status nm_outfile_commit(nm_outfile *o, nm_error *err);
-/* Closes, removes the temporary file (the target is untouched); o may be
- * zeroed or already released. */
-void nm_outfile_abort(nm_outfile *o);
-/* Whether nm_outfile_open(path) would succeed now, leaving nothing behind
- * (a device or FIFO is not opened: a FIFO would wait for a reader). */
-nm_status nm_outfile_check(const char *path, nm_error *err);
+/* nm_outfile (outfile.c) is public: npumoe.h. */
 
 #endif /* NM_BASE_H */

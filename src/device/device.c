@@ -56,8 +56,8 @@ nm_status nm_ffn_spec_check_slots(const nm_ffn_spec *spec, nm_error *err) {
     return NM_OK;
 }
 
-static nm_status new_cpu(int n_threads, nm_device **out, nm_error *err) {
-    nm_cpu_device_params params = {.n_threads = n_threads};
+static nm_status new_cpu(const nm_device_params *p, nm_device **out, nm_error *err) {
+    nm_cpu_device_params params = {.n_threads = p->n_threads};
     return nm_cpu_device_new(&params, out, err);
 }
 
@@ -78,8 +78,9 @@ int nm_vulkan_list(nm_device_info *out, int cap, char *why, size_t why_bytes);
 
 /* "vulkan" (device 0) or "vulkan:N"; the index is parsed here so a typo is
  * an error, never device 0. */
-static nm_status new_vulkan(const char *name, nm_device **out, nm_error *err) {
-    nm_vulkan_device_params params = {.index = 0, .budget_bytes = 0};
+static nm_status new_vulkan(const char *name, uint64_t budget_bytes, nm_device **out,
+                            nm_error *err) {
+    nm_vulkan_device_params params = {.index = 0, .budget_bytes = budget_bytes};
     if (name[6] == ':') {
         const char *digits = name + 7;
         char *end = NULL;
@@ -98,19 +99,24 @@ static nm_status new_vulkan(const char *name, nm_device **out, nm_error *err) {
 /* Every device this build has, in the order `--device` help lists them. */
 static const struct {
     const char *name;
-    nm_status (*create)(int n_threads, nm_device **out, nm_error *err);
+    nm_status (*create)(const nm_device_params *params, nm_device **out, nm_error *err);
 } devices[] = {
     {"cpu", new_cpu},
 };
 enum { N_DEVICES = sizeof devices / sizeof devices[0] };
 
-nm_status nm_device_new(const char *name, int n_threads, nm_device **out, nm_error *err) {
+nm_device_params nm_device_default_params(void) {
+    return (nm_device_params){.name = "cpu", .n_threads = 1, .memory_budget_bytes = 0};
+}
+
+nm_status nm_device_new(const nm_device_params *params, nm_device **out, nm_error *err) {
     *out = NULL;
+    const char *name = params ? params->name : NULL;
     if (!name) return nm_errorf(err, NM_ERR_INVALID_ARG, "no device name given");
     for (int i = 0; i < N_DEVICES; i++)
-        if (strcmp(devices[i].name, name) == 0) return devices[i].create(n_threads, out, err);
+        if (strcmp(devices[i].name, name) == 0) return devices[i].create(params, out, err);
     if (strncmp(name, "vulkan", 6) == 0 && (name[6] == '\0' || name[6] == ':'))
-        return new_vulkan(name, out, err);
+        return new_vulkan(name, params->memory_budget_bytes, out, err);
     char list[256] = "";
     size_t used = 0;
     for (int i = 0; i < N_DEVICES && used < sizeof list; i++)

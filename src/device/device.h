@@ -39,16 +39,6 @@ typedef enum nm_graph_op {
     NM_GRAPH_OP_COUNT
 } nm_graph_op;
 
-/* Counters a device keeps about itself since it was created. */
-typedef struct nm_device_stats {
-    uint64_t graphs_compiled;
-    uint64_t dispatches;    /* submissions                       */
-    int64_t busy_ns;        /* time spent executing graphs       */
-    uint64_t rows_computed; /* capacity rows run, padding included */
-    uint64_t device_bytes;  /* weight and buffer bytes the graphs hold */
-    uint64_t upload_bytes;  /* bytes copied into device memory (weights at compile) */
-} nm_device_stats;
-
 typedef struct nm_device nm_device;
 
 /* The table a device implements. */
@@ -122,9 +112,10 @@ typedef struct nm_vulkan_device_params {
 nm_status nm_vulkan_device_new(const nm_vulkan_device_params *params, nm_device **out,
                                nm_error *err);
 
-/* Creates a device by name: "cpu" (n_threads as for the cpu device),
- * "vulkan" (the first Vulkan device) or "vulkan:N". */
-nm_status nm_device_new(const char *name, int n_threads, nm_device **out, nm_error *err);
+/* Creates a device from public params (npumoe.h): by name, "cpu" (with
+ * n_threads), "vulkan" (the first Vulkan device) or "vulkan:N" (with the
+ * memory budget); nm_device_open is this. */
+nm_status nm_device_new(const nm_device_params *params, nm_device **out, nm_error *err);
 void nm_device_free(nm_device *dev);
 /* dev->ops->supports. */
 bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op);
@@ -135,53 +126,11 @@ nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, 
 /* dev->ops->check, or NM_OK for a device without one. */
 nm_status nm_device_check(nm_device *dev, nm_error *err);
 
-/* One device this machine can open, for `npumoe devices`. */
-typedef struct nm_device_info {
-    char name[32];         /* what --device takes: "cpu", "vulkan:0"      */
-    char description[256]; /* the hardware ("llvmpipe (LLVM 15.0.6, 256 bits)") */
-    char driver[256];      /* driver name and version; "" for cpu          */
-    uint64_t memory_bytes; /* largest device-local heap; host memory for cpu */
-    bool float16;          /* shaders can compute in float16               */
-    bool int8;             /* shaders can compute in int8                  */
-} nm_device_info;
-
-/* Lists every device that can be opened: cpu first, then each Vulkan
- * device. *out (nm_free it) has *n entries. Vulkan that cannot be used (not
- * in this build, no loader, no driver) is not an error: its reason is
- * written to why_no_vulkan (which may be NULL), "" when it is usable. */
-nm_status nm_device_list(nm_device_info **out, int *n, char *why_no_vulkan, size_t why_bytes,
-                         nm_error *err);
+/* nm_device_info and nm_device_list are public: npumoe.h. */
 
 /* ---- measurement (profile.c) ---- */
 
-/* One measured graph shape. */
-typedef struct nm_profile_point {
-    int32_t n_experts;
-    int32_t capacity; /* rows per expert */
-    double graph_ms;  /* median time of submit + wait */
-} nm_profile_point;
-
-/* What a device measured about itself, for the planner. */
-typedef struct nm_profile {
-    char device[32];
-    int64_t d_model;
-    int64_t d_ff;
-    uint32_t weight_type;  /* nm_dtype the graphs were measured with */
-    double dispatch_ms;    /* submit + wait of the smallest graph, minus its compute */
-    double host_row_ms;    /* host wall time per expert row (gate, up, down) with the
-                              whole host pool busy: one task's cost over the threads */
-    double host_expert_ms; /* host fixed cost per active expert */
-    /* What the host's MoE step of one layer costs per chunk beyond its
-     * expert FFNs as fitted above (dispatch table, gathering and scattering
-     * rows, combine, threads finishing unevenly, caches holding other
-     * layers) over a chunk of `chunk` tokens: nm_profile_set_overhead from
-     * a step timed by nm_model_time_host_step (engine.h: it needs the
-     * whole model); never below 0. */
-    int32_t chunk;
-    double host_overhead_ms;
-    int32_t n_points;
-    nm_profile_point *points; /* [n_points] */
-} nm_profile;
+/* nm_profile (what a device measured about itself) is public: npumoe.h. */
 
 /* Measures dev on the layer's experts w: for every (n, c) of
  * grid_experts x grid_capacity (points in that order, experts outer), a graph
@@ -197,7 +146,6 @@ nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t 
                             const int32_t *grid_capacity, int n_grid_capacity, int reps,
                             nm_pool *host_pool, void (*progress)(void *ctx, int done, int total),
                             void *progress_ctx, nm_profile *out, nm_error *err);
-void nm_profile_free(nm_profile *p);
 
 /* Sets p->chunk and p->host_overhead_ms from the host's MoE step of one
  * layer over a chunk of `chunk` tokens, timed whole (step_ms) with the rows

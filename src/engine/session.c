@@ -161,8 +161,10 @@ nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, fl
     return NM_OK;
 }
 
-nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_bos,
+nm_status nm_tokenize(const nm_model *model, const char *text, size_t n_bytes, bool add_special,
                       bool parse_special, int32_t *ids, size_t cap, size_t *n_out, nm_error *err) {
+    /* BOS only where the vocabulary asks for it (llama.cpp's add_special) */
+    const bool add_bos = add_special && nm_tokenizer_add_bos(model->tok);
     return nm_tokenizer_encode(model->tok, text, n_bytes, add_bos, parse_special, ids, cap, n_out,
                                err);
 }

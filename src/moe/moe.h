@@ -87,22 +87,8 @@ typedef struct nm_moe_plan {
 nm_status nm_moe_plan_check(const nm_moe_plan *plan, int32_t n_layer, int32_t n_expert,
                             nm_error *err);
 
-/* What one layer's MoE did, summed over the chunks run. */
-typedef struct nm_moe_layer_metrics {
-    uint64_t chunks;
-    uint64_t assignments;   /* (token, expert) pairs routed      */
-    uint64_t dropped;       /* discarded by capacity             */
-    double weight;          /* routing weight of all assignments */
-    double dropped_weight;  /* routing weight of the dropped ones */
-    uint64_t spilled;       /* overflow computed on the host     */
-    uint64_t host_rows;     /* rows computed by the host (host experts, spills, dense) */
-    uint64_t device_rows;   /* rows filled in device graphs      */
-    uint64_t reserved_rows; /* capacity rows of the graphs dispatched */
-    uint64_t dispatches;
-    int64_t host_ns; /* host expert work                  */
-    int64_t wait_ns; /* time the host waited for the device */
-    int64_t moe_ns;  /* wall time of the whole MoE step after routing */
-} nm_moe_layer_metrics;
+/* What one layer's MoE did, summed over the chunks run: nm_moe_layer_metrics
+ * (npumoe.h). */
 
 /* Called with each chunk's load per expert (calibration) and, expert after
  * expert, the routing weights of each expert's loads[e] assignments. */

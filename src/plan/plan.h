@@ -62,7 +62,7 @@ uint64_t nm_moe_shape_expert_bytes(const nm_moe_shape *shape, int32_t layer);
  * weights of its assignments ranked by weight. Every layer sees the same
  * chunks: n_chunks records each, and the loads of one chunk of one layer
  * sum to k times its tokens. */
-typedef struct nm_calib {
+struct nm_calib {
     nm_fingerprint fingerprint;
     int32_t chunk; /* T */
     int32_t k;     /* experts per token */
@@ -80,13 +80,12 @@ typedef struct nm_calib {
      * divided by n_chunks. */
     double *ranked;
     float *scratch; /* [chunk] for sorting one expert's weights */
-} nm_calib;
+};
 
 /* An empty calibration of a model of this shape for chunks of T = chunk tokens
  * (1..NM_PLAN_MAX_CHUNK). NM_ERR_CAPACITY when the histogram would exceed
  * NM_CALIB_MAX_CELLS. */
 nm_status nm_calib_new(const nm_moe_shape *shape, int32_t chunk, nm_calib **out, nm_error *err);
-void nm_calib_free(nm_calib *calib);
 /* Records one chunk's loads of one layer (an nm_load_fn: ctx is the calib);
  * weights holds, expert after expert, the routing weights of each expert's
  * loads[e] assignments (in any order). Layer 0 counts the chunk and its
@@ -96,9 +95,9 @@ void nm_calib_free(nm_calib *calib);
 void nm_calib_record(void *calib, int32_t layer, const int32_t *loads, int32_t n_expert,
                      const float *weights);
 /* Load statistics of one expert over the chunks recorded (0 when none):
- * the quantile is the smallest c with P(load <= c) >= q, q in [0, 1]. */
+ * the quantile is the smallest c with P(load <= c) >= q, q in [0, 1]; the
+ * mean is nm_calib_mean (npumoe.h). */
 int32_t nm_calib_quantile(const nm_calib *calib, int32_t layer, int32_t expert, double q);
-double nm_calib_mean(const nm_calib *calib, int32_t layer, int32_t expert);
 int32_t nm_calib_max(const nm_calib *calib, int32_t layer, int32_t expert);
 /* Expected assignments per chunk beyond capacity (>= 0): the mean of
  * max(0, load - capacity). */
@@ -138,17 +137,15 @@ nm_status nm_calib_check_shape(const nm_calib *calib, const nm_moe_shape *shape,
  * as are: every expert's counts sum to n_chunks, every layer's assignments
  * (sum of load * count) equal n_tokens * k, n_chunks <= n_tokens <=
  * n_chunks * chunk. Save refuses a calibration whose layers saw different
- * numbers of chunks (a recording stopped inside a forward pass). */
-nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err);
-nm_status nm_calib_load(const char *path, nm_calib **out, nm_error *err);
-/* The same in memory: save hands out the document (the caller nm_free()s
+ * numbers of chunks (a recording stopped inside a forward pass).
+ * nm_calib_save and nm_calib_load are public (npumoe.h); the same in memory: save hands out the document (the caller nm_free()s
  * *text; *n_bytes excludes its NUL); for load, name stands for the file in
  * messages. Files are written atomically (nm_json_write_file). */
 nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_bytes, nm_error *err);
 nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *name, nm_calib **out,
                                nm_error *err);
 
-/* ---- device profile (profile_io.c; nm_profile is declared in device.h) ---- */
+/* ---- device profile (profile_io.c; nm_profile is public: npumoe.h) ---- */
 
 /* Checks what the planner relies on: a device name, d_model and d_ff >= 1, a
  * known weight type, a chunk in [1, NM_PLAN_MAX_CHUNK], finite times
@@ -164,9 +161,7 @@ nm_status nm_profile_check(const nm_profile *profile, nm_error *err);
  * "d_ff", "weight_type" (a ggml type name, "f32"), "dispatch_ms",
  * "host_row_ms", "host_expert_ms", "chunk", "host_overhead_ms",
  * "points": [{"n_experts", "capacity", "graph_ms"}]}. Load applies nm_profile_check; release with
- * nm_profile_free. */
-nm_status nm_profile_save(const nm_profile *profile, const char *path, nm_error *err);
-nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);
+ * nm_profile_free. nm_profile_save and nm_profile_load are public (npumoe.h). */
 nm_status nm_profile_save_memory(const nm_profile *profile, char **text, size_t *n_bytes,
                                  nm_error *err);
 nm_status nm_profile_load_memory(const char *text, size_t n_bytes, const char *name,
@@ -174,54 +169,7 @@ nm_status nm_profile_load_memory(const char *text, size_t n_bytes, const char *n
 
 /* ---- plan (planner.c, plan_io.c) ---- */
 
-/* How the planner chooses each expert's capacity. */
-typedef enum nm_plan_objective {
-    /* within a budget of rows per layer and chunk, the capacities (multiples
-     * of a granule) that minimise the expected overflow per chunk: the
-     * dropped routing weight with drop and router salience, the assignments
-     * over capacity otherwise (docs/NPUMOE.md, "Budgeted tiers") */
-    NM_PLAN_BUDGET,
-    /* each expert: the smallest tier >= a quantile of its per-chunk load */
-    NM_PLAN_QUANTILE,
-    NM_PLAN_OBJECTIVE_COUNT
-} nm_plan_objective;
-
-const char *nm_plan_objective_name(nm_plan_objective objective);
-
-typedef struct nm_plan_params {
-    nm_plan_objective objective; /* default NM_PLAN_BUDGET */
-    /* quantile: candidate capacities, strictly ascending in [1, chunk], at
-     * most NM_PLAN_MAX_TIERS; NULL = the powers of two in [T/64, T) and T.
-     * budget: must be NULL (the tiers are the multiples of granule) */
-    const int32_t *tiers;
-    int32_t n_tiers;
-    double quantile; /* in (0, 1]: each expert gets the smallest tier >= this
-                        quantile of its per-chunk load; default 0.95. The
-                        budget objective's default budget is the rows
-                        this rule reserves, layer by layer */
-    /* budget: rows per layer and chunk (sum of the experts' capacities), at
-     * least n_expert * granule, at most n_expert * chunk (a larger one is
-     * taken as that); 0 = budget_ms, or else the quantile rule's */
-    int64_t budget_rows;
-    /* budget: > 0 = device time per layer and chunk, turned into rows by
-     * the profile's per-row cost (nm_plan_row_ms) */
-    double budget_ms;
-    /* budget: capacities are multiples of it; a divisor of the chunk giving
-     * at most NM_PLAN_MAX_TIERS tiers; 0 = the smallest divisor >= chunk/16 */
-    int32_t granule;
-    nm_overflow overflow; /* default spill */
-    nm_salience salience; /* default residual-norm */
-    /* device bytes the resident groups may hold (the experts' weights and
-     * the graphs' buffers), hottest (largest predicted saving) first;
-     * UINT64_MAX = unlimited (the default), 0 = everything on the host */
-    uint64_t device_memory_bytes;
-    /* most experts in one graph; 0 = the largest expert count the profile
-     * measured (shapes beyond the measurement are extrapolations, and real
-     * devices have graph size limits the profile would have hit) */
-    int32_t max_group_experts;
-} nm_plan_params;
-
-nm_plan_params nm_plan_default_params(void);
+/* nm_plan_objective and nm_plan_params are public (npumoe.h). */
 
 /* Predicted cost of one chunk of one layer under the plan. */
 typedef struct nm_plan_cost {
@@ -258,7 +206,6 @@ struct nm_plan {
  * keeps every group on the host. */
 nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const nm_profile *profile,
                        const nm_plan_params *params, nm_plan **out, nm_error *err);
-void nm_plan_free(nm_plan *plan);
 
 /* The device's cost of one more row in a graph, from the profile: the
  * measured graph with the most rows, less one dispatch, per row (> 0, else
@@ -280,8 +227,8 @@ void nm_plan_allocate(const double *loss, int32_t n, int32_t m, int64_t budget, 
  * "predicted_drop_rate", "predicted_drop_weight", "predicted_chunk_ms",
  * "device_bytes", "layers": [{"budget_rows", "groups": [{"tier", "experts":
  * [...], "device"}], "cost": {"device_ms", "host_ms", "chunk_ms"}}]}.
- * Version 1 plans are refused with a message saying to make a new one. */
-nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err);
+ * Version 1 plans are refused with a message saying to make a new one.
+ * nm_plan_save, nm_plan_free and nm_plan_describe are public (npumoe.h). */
 nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes, nm_error *err);
 /* Loads and validates a plan: every field, every group's tier one of the
  * tiers, a budgeted plan's tiers the multiples of its granule and each
@@ -292,9 +239,5 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
 nm_status nm_plan_load(const char *path, const nm_moe_shape *shape, nm_plan **out, nm_error *err);
 nm_status nm_plan_load_memory(const char *text, size_t n_bytes, const char *name,
                               const nm_moe_shape *shape, nm_plan **out, nm_error *err);
-
-/* Writes a human-readable summary (tiers, groups per layer, residency,
- * predicted cost). */
-void nm_plan_describe(const nm_plan *plan, FILE *f);
 
 #endif /* NM_PLAN_H */

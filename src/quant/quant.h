@@ -81,12 +81,9 @@ typedef struct nm_quant_params {
 
 nm_quant_params nm_quant_default_params(void); /* q8_0, 1 thread, no progress */
 
-typedef struct nm_quant_summary {
-    uint64_t n_tensors, n_converted, n_fallback;
-    uint64_t n_elements;                    /* of all tensors */
-    uint64_t in_data_bytes, out_data_bytes; /* tensor data, without padding */
-    uint64_t out_file_bytes;
-} nm_quant_summary;
+/* The public summary (npumoe.h): nm_quantize_file fills the counts and
+ * sizes, nm_quantize the type, file type and threads. */
+typedef nm_quantize_summary nm_quant_summary;
 
 /* Reads the GGUF file in_path and writes out_path: every key in order
  * (general.file_type and general.quantization_version = 2 set), every tensor

@@ -20,7 +20,6 @@ int nm_pool_n_threads(const nm_pool *pool);
  * are done. Not reentrant: fn must not call nm_pool_run on the same pool. */
 void nm_pool_run(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks);
 
-/* Number of online CPUs (at least 1). */
-int nm_cpu_count(void);
+/* nm_cpu_count (online CPUs) is public: npumoe.h. */
 
 #endif /* NM_THREADS_H */

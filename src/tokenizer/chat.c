@@ -90,51 +90,80 @@ static void put(text_buf *b, const char *s) {
     b->p[b->n] = '\0';
 }
 
-nm_status nm_chat_apply(nm_chat_format f, const char *system, const char *user, char **out,
-                        size_t *n_out, nm_error *err) {
+/* Whether role is one of the three; a system message only first. */
+static nm_status check_messages(const nm_chat_message *m, size_t n, nm_error *err) {
+    if (n == 0) return nm_errorf(err, NM_ERR_INVALID_ARG, "no chat messages");
+    for (size_t i = 0; i < n; i++) {
+        const char *r = m[i].role;
+        if (!r || !m[i].content)
+            return nm_errorf(err, NM_ERR_INVALID_ARG, "chat message %zu has no %s", i,
+                             r ? "content" : "role");
+        if (strcmp(r, "system") == 0 ? i != 0
+                                     : strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0)
+            return nm_errorf(err, NM_ERR_INVALID_ARG,
+                             "chat message %zu: role '%s' (system first only, then user and "
+                             "assistant)",
+                             i, r);
+    }
+    return NM_OK;
+}
+
+/* ChatML and Phi-3: every message as "<open>role\ncontent<close>\n"; an
+ * empty system message is skipped (Phi-3.5's template; Qwen3's writes none
+ * by default). */
+static void put_tagged(text_buf *b, nm_chat_format f, const nm_chat_message *m, size_t n,
+                       bool add_gen) {
+    const bool chatml = f == NM_CHAT_CHATML;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(m[i].role, "system") == 0 && !*m[i].content) continue;
+        put(b, chatml ? "<|im_start|>" : "<|");
+        put(b, m[i].role);
+        put(b, chatml ? "\n" : "|>\n");
+        put(b, m[i].content);
+        put(b, chatml ? "<|im_end|>\n" : "<|end|>\n");
+    }
+    if (add_gen) put(b, chatml ? "<|im_start|>assistant\n" : "<|assistant|>\n");
+}
+
+/* Mixtral-8x7B-Instruct-v0.1: bos_token, then per user message "[INST] " +
+ * content + " [/INST]" and per answer content + eos_token; its template has
+ * no system role, so the system text leads the first user message, as
+ * llama.cpp's mistral-v1 does. The generation prompt is empty. */
+static void put_mistral(text_buf *b, const nm_chat_message *m, size_t n) {
+    const char *system = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(m[i].role, "system") == 0) {
+            system = *m[i].content ? m[i].content : NULL;
+        } else if (strcmp(m[i].role, "user") == 0) {
+            put(b, "[INST] ");
+            if (system) {
+                put(b, system);
+                put(b, "\n\n");
+                system = NULL;
+            }
+            put(b, m[i].content);
+            put(b, " [/INST]");
+        } else {
+            put(b, m[i].content);
+            put(b, "</s>");
+        }
+    }
+}
+
+nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size_t n_messages,
+                         bool add_generation_prompt, char **out, size_t *n_out, nm_error *err) {
     *out = NULL;
     *n_out = 0;
-    if (!user) return nm_errorf(err, NM_ERR_INVALID_ARG, "no user message");
-    const bool sys = system && *system;
+    nm_status st = check_messages(messages, n_messages, err);
+    if (st != NM_OK) return st;
+    if (f < 0 || f >= NM_CHAT_COUNT)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "chat format %d is not known", (int)f);
     text_buf b = {NULL, 0, 0, true};
     put(&b, "");
-    switch (f) {
-    case NM_CHAT_CHATML: /* Qwen3's template: no default system message */
-        if (sys) {
-            put(&b, "<|im_start|>system\n");
-            put(&b, system);
-            put(&b, "<|im_end|>\n");
-        }
-        put(&b, "<|im_start|>user\n");
-        put(&b, user);
-        put(&b, "<|im_end|>\n<|im_start|>assistant\n");
-        break;
-    case NM_CHAT_PHI3: /* Phi-3.5-MoE-instruct's template; an empty system is skipped */
-        if (sys) {
-            put(&b, "<|system|>\n");
-            put(&b, system);
-            put(&b, "<|end|>\n");
-        }
-        put(&b, "<|user|>\n");
-        put(&b, user);
-        put(&b, "<|end|>\n<|assistant|>\n");
-        break;
-    case NM_CHAT_MISTRAL:
-        /* Mixtral-8x7B-Instruct-v0.1: bos_token, then "[INST] " + content +
-         * " [/INST]"; its template has no system role, so the system text
-         * leads the first user message, as llama.cpp's mistral-v1 does. */
-        put(&b, "[INST] ");
-        if (sys) {
-            put(&b, system);
-            put(&b, "\n\n");
-        }
-        put(&b, user);
-        put(&b, " [/INST]");
-        break;
-    default:
-        nm_free(b.p);
-        return nm_errorf(err, NM_ERR_INVALID_ARG, "chat format %d is not known", (int)f);
-    }
+    if (f == NM_CHAT_MISTRAL)
+        put_mistral(&b, messages, n_messages);
+    else
+        put_tagged(&b, f, messages, n_messages, add_generation_prompt);
     if (!b.ok) {
         nm_free(b.p);
         return nm_errorf(err, NM_ERR_NOMEM, "out of memory for the chat prompt");
@@ -142,4 +171,13 @@ nm_status nm_chat_apply(nm_chat_format f, const char *system, const char *user, 
     *out = b.p;
     *n_out = b.n;
     return NM_OK;
+}
+
+nm_status nm_chat_apply(nm_chat_format f, const char *system, const char *user, char **out,
+                        size_t *n_out, nm_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    if (!user) return nm_errorf(err, NM_ERR_INVALID_ARG, "no user message");
+    const nm_chat_message m[2] = {{"system", system ? system : ""}, {"user", user}};
+    return nm_chat_render(f, m + !system, system ? 2 : 1, true, out, n_out, err);
 }

@@ -1,6 +1,7 @@
 /* Chat prompts: the tokenizer.chat_template of the models npumoe runs,
- * recognised and rendered in C for one optional system message and one
- * user message with the generation prompt. Not a Jinja engine: a template
+ * recognised and rendered in C for a conversation (an optional system
+ * message, then user messages and earlier answers) with or without the
+ * generation prompt. Not a Jinja engine: a template
  * that is none of the known ones is an error that names the fallback
  * (choose a format by name, or give the prompt already formatted). */
 #ifndef NM_CHAT_H
@@ -36,5 +37,11 @@ nm_status nm_chat_detect(const nm_gguf *gguf, nm_chat_format *out, nm_error *err
  * free it with nm_free. */
 nm_status nm_chat_apply(nm_chat_format f, const char *system, const char *user, char **out,
                         size_t *n_out, nm_error *err);
+
+/* Renders a conversation (nm_chat_apply_template, npumoe.h, says the rules)
+ * in format f; with add_generation_prompt, what opens the answer. *out as
+ * for nm_chat_apply. */
+nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size_t n_messages,
+                         bool add_generation_prompt, char **out, size_t *n_out, nm_error *err);
 
 #endif /* NM_CHAT_H */

@@ -6,8 +6,6 @@
  * PREFIX.json and an SVG plot of TTFT against prompt length. */
 #include "cli.h"
 
-#include "plan/plan.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +62,9 @@ typedef struct bench {
 
 /* The plan's predicted time of a layer's chunk, 0 without a plan. */
 static double predicted_chunk_ms(const bench *b) {
-    return b->plan ? b->plan->predicted_chunk_ms : 0.0;
+    nm_plan_info pi = {0};
+    if (b->plan) nm_plan_get_info(b->plan, &pi);
+    return pi.predicted_chunk_ms;
 }
 
 /* Repetitions whose range passes this share of their median say the machine
@@ -367,12 +367,10 @@ int cmd_bench(nm_model *model, const cli_options *o) {
     if (!text) return fail_err(&err);
     nm_plan *plan = NULL;
     nm_status st = NM_OK;
-    if (o->plan) {
-        nm_moe_shape shape;
-        nm_model_moe_shape(model, &shape);
-        st = nm_plan_load(o->plan, &shape, &plan, &err);
-    }
-    b.chunk = plan ? plan->moe.chunk : o->chunk ? o->chunk : 256;
+    if (o->plan) st = nm_plan_open(o->plan, model, &plan, &err);
+    nm_plan_info pi = {0};
+    if (plan) nm_plan_get_info(plan, &pi);
+    b.chunk = plan ? pi.chunk : o->chunk ? o->chunk : 256;
     b.plan = plan;
     nm_model_info mi;
     nm_model_get_info(model, &mi);

@@ -1,11 +1,10 @@
-/* What the subcommands of the npumoe command share. */
+/* What the subcommands of the npumoe command share. The command is built on
+ * the public header alone, as a library user would write it. */
 #ifndef NM_CLI_H
 #define NM_CLI_H
 
 #include "options.h"
 
-#include "base/base.h"
-#include "engine/engine.h"
 #include "npumoe.h"
 
 #include <stddef.h>
@@ -38,11 +37,14 @@ typedef struct cli_session {
 nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
                        nm_error *err);
 void close_session(cli_session *cs);
+/* The device of --device (cpu by default) with --device-threads. */
+nm_status open_device(const cli_options *o, nm_device **out, nm_error *err);
 /* Progress on stderr: on a terminal one line rewritten in place (\r) and
  * the final line kept; else (a file, a pipe, a test) a line every
  * PROGRESS_PERIOD_S seconds at most, and the final one. */
 enum { PROGRESS_PERIOD_S = 5 };
 typedef struct cli_progress {
+    double start_s; /* when progress_start was called */
     double last_s;
     bool tty;
 } cli_progress;

@@ -2,10 +2,6 @@
  * prompts (text, files, token lists), opening sessions from options. */
 #include "cli.h"
 
-#include "model/model.h"
-#include "plan/plan.h"
-#include "tokenizer/chat.h"
-
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -58,15 +54,17 @@ void print_metrics_text(FILE *f, const nm_session_metrics *m) {
 }
 
 void print_overflow_prediction(FILE *f, const nm_plan *plan, const nm_moe_layer_metrics *t) {
-    const bool drop = plan->moe.overflow == NM_OVERFLOW_DROP;
+    nm_plan_info pi;
+    nm_plan_get_info(plan, &pi);
+    const bool drop = pi.overflow == NM_OVERFLOW_DROP;
     fprintf(f,
             "%s rate:    predicted %.3f%% (the plan, on its calibration), measured %.3f%% of "
             "assignments\n",
-            drop ? "drop " : "spill", 100.0 * plan->predicted_drop_rate,
+            drop ? "drop " : "spill", 100.0 * pi.predicted_drop_rate,
             100.0 * ratio(t->dropped + t->spilled, t->assignments));
     if (drop)
         fprintf(f, "dropped weight:  predicted %.3f%%, measured %.3f%% of the routing weight\n",
-                100.0 * plan->predicted_drop_weight,
+                100.0 * pi.predicted_drop_weight,
                 100.0 * (t->weight > 0 ? t->dropped_weight / t->weight : 0.0));
 }
 
@@ -201,19 +199,17 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
     char *chat = NULL;
     if (o->chat) {
         /* the prompt becomes the user message of the model's chat format */
-        nm_chat_format f;
-        nm_status cst = o->chat_template ? nm_chat_format_parse(o->chat_template, &f, err)
-                                         : nm_chat_detect(model->gguf, &f, err);
-        if (cst == NM_OK) {
-            char *user = malloc(n_bytes + 1);
-            if (user) {
-                memcpy(user, text, n_bytes);
-                user[n_bytes] = '\0';
-                cst = nm_chat_apply(f, o->system, user, &chat, &n_bytes, err);
-                free(user);
-            } else {
-                cst = nm_errorf(err, NM_ERR_NOMEM, "out of memory for the prompt");
-            }
+        nm_status cst = NM_OK;
+        char *user = malloc(n_bytes + 1);
+        if (user) {
+            memcpy(user, text, n_bytes);
+            user[n_bytes] = '\0';
+            const nm_chat_message m[2] = {{"system", o->system}, {"user", user}};
+            cst = nm_chat_apply_template(model, o->chat_template, m + !o->system, o->system ? 2 : 1,
+                                         true, &chat, &n_bytes, err);
+            free(user);
+        } else {
+            cst = nm_errorf(err, NM_ERR_NOMEM, "out of memory for the prompt");
         }
         if (cst != NM_OK) {
             free(owned);
@@ -222,12 +218,11 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
         text = chat;
     }
     size_t n = 0;
-    nm_status st =
-        nm_tokenize(model, text, n_bytes, info.add_bos, !o->no_special, NULL, 0, &n, err);
+    nm_status st = nm_tokenize(model, text, n_bytes, true, !o->no_special, NULL, 0, &n, err);
     int32_t *ids = NULL;
     if (st == NM_ERR_CAPACITY || st == NM_OK) {
         ids = malloc((n ? n : 1) * sizeof *ids);
-        st = ids ? nm_tokenize(model, text, n_bytes, info.add_bos, !o->no_special, ids, n, &n, err)
+        st = ids ? nm_tokenize(model, text, n_bytes, true, !o->no_special, ids, n, &n, err)
                  : NM_ERR_NOMEM;
         if (!ids) snprintf(err->msg, sizeof err->msg, "out of memory for %zu tokens", n);
     }
@@ -249,7 +244,7 @@ int32_t *prompt_ids(const nm_model *model, const cli_options *o, size_t *n_out, 
 void progress_start(cli_progress *p) {
     memset(p, 0, sizeof *p);
     p->tty = isatty(fileno(stderr)) == 1;
-    p->last_s = now_s();
+    p->start_s = p->last_s = now_s();
 }
 
 void progress_update(cli_progress *p, bool final, const char *fmt, ...) {
@@ -290,6 +285,13 @@ nm_status name_ctx_option(nm_status st, nm_error *err) {
     return st;
 }
 
+nm_status open_device(const cli_options *o, nm_device **out, nm_error *err) {
+    nm_device_params dp = nm_device_default_params();
+    if (o->device) dp.name = o->device;
+    if (o->device_threads) dp.n_threads = o->device_threads;
+    return nm_device_open(&dp, out, err);
+}
+
 nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
                        nm_error *err) {
     memset(cs, 0, sizeof *cs);
@@ -301,19 +303,18 @@ nm_status open_session(nm_model *model, const cli_options *o, bool static_path, 
     nm_status st = parse_kv_type(o, &sp.kv_type, err);
     if (static_path && o->mode) st = nm_mode_parse(o->mode, &sp.mode, err);
     if (st == NM_OK && static_path && o->plan) {
-        nm_moe_shape shape;
-        nm_model_moe_shape(model, &shape);
-        st = nm_plan_load(o->plan, &shape, &cs->plan, err);
+        st = nm_plan_open(o->plan, model, &cs->plan, err);
         sp.plan = cs->plan;
-        if (st == NM_OK && o->chunk && o->chunk != cs->plan->moe.chunk)
+        nm_plan_info pi = {0};
+        if (st == NM_OK) nm_plan_get_info(cs->plan, &pi);
+        if (st == NM_OK && o->chunk && o->chunk != pi.chunk)
             st = nm_errorf(err, NM_ERR_INVALID_ARG, "--chunk %d differs from the plan's chunk %d",
-                           o->chunk, cs->plan->moe.chunk);
+                           o->chunk, pi.chunk);
         if (st == NM_OK && !o->mode)
             sp.mode = NM_MODE_NPUMOE; /* a plan alone means the full system */
     }
     if (st == NM_OK && sp.mode != NM_MODE_DENSE) {
-        st = nm_device_new(o->device ? o->device : "cpu", o->device_threads ? o->device_threads : 1,
-                           &cs->device, err);
+        st = open_device(o, &cs->device, err);
         sp.device = cs->device;
     }
     if (st == NM_OK) st = nm_session_new(model, &sp, &cs->session, err);
@@ -338,7 +339,7 @@ nm_status parse_kv_type(const cli_options *o, nm_kv_type *out, nm_error *err) {
 
 void close_session(cli_session *cs) {
     nm_session_free(cs->session);
-    nm_device_free(cs->device);
+    nm_device_close(cs->device);
     nm_plan_free(cs->plan);
     memset(cs, 0, sizeof *cs);
 }

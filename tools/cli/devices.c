@@ -2,9 +2,6 @@
  * --device names them, and why Vulkan cannot be used when it cannot. */
 #include "cli.h"
 
-#include "base/base.h"
-#include "device/device.h"
-
 #include <stdio.h>
 
 int cmd_devices(const cli_options *o) {

@@ -3,9 +3,6 @@
  * npumoe plan (tiers, groups, residency from both). */
 #include "cli.h"
 
-#include "model/model.h"
-#include "plan/plan.h"
-
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -41,9 +38,9 @@ int parse_int_list(const char *text, const char *what, int32_t lo, int32_t hi, i
 
 /* Share of a layer's assignments taken by its most popular quarter of
  * experts, from the calibration's means. */
-static double top_quarter_share(const nm_calib *c, int32_t layer) {
+static double top_quarter_share(const nm_calib *c, int32_t n_expert, int32_t layer) {
     double mean[1024], total = 0;
-    const int32_t n = c->n_expert < 1024 ? c->n_expert : 1024;
+    const int32_t n = n_expert < 1024 ? n_expert : 1024;
     for (int32_t e = 0; e < n; e++)
         total += mean[e] = nm_calib_mean(c, layer, e);
     for (int32_t i = 1; i < n; i++) /* descending insertion sort: n is small */
@@ -56,6 +53,14 @@ static double top_quarter_share(const nm_calib *c, int32_t layer) {
     for (int32_t e = 0; e < (n + 3) / 4; e++)
         top += mean[e];
     return total > 0 ? top / total : 0;
+}
+
+static void calib_progress(void *ctx, size_t done, size_t total, int64_t n_chunks) {
+    cli_progress *line = ctx;
+    const double el = now_s() - line->start_s;
+    progress_update(line, done == total,
+                    "calibrate: %zu/%zu tokens, %" PRId64 " chunks (%.1f s, ~%.0f s left)", done,
+                    total, n_chunks, el, el / (double)done * (double)(total - done));
 }
 
 int cmd_calibrate(nm_model *model, const cli_options *o) {
@@ -79,56 +84,33 @@ int cmd_calibrate(nm_model *model, const cli_options *o) {
         return fail("--ctx must hold at least one chunk of %s tokens%s",
                     o->chunk ? "the --chunk" : "256", "");
     }
-    const size_t usable = n - n % (size_t)chunk;
-    if (usable == 0) {
-        free(ids);
-        snprintf(err.msg, sizeof err.msg, "the text has %zu tokens, less than one chunk of %d", n,
-                 chunk);
-        return fail_err(&err);
-    }
-    cli_options so = *o;
-    so.ctx = window;
-    so.batch = chunk;
-    so.chunk = 0;
-    cli_session cs;
+    warn_context(model, window);
+    nm_calib_params cp = nm_calib_default_params();
+    cp.chunk = chunk;
+    cp.n_ctx = window;
+    cp.n_threads = o->threads;
+    cli_progress line;
+    progress_start(&line);
+    cp.progress = calib_progress;
+    cp.progress_ctx = &line;
     nm_calib *calib = NULL;
-    nm_status st = open_session(model, &so, false, &cs, &err);
-    nm_moe_shape shape;
-    nm_model_moe_shape(model, &shape);
-    if (st == NM_OK) st = nm_calib_new(&shape, chunk, &calib, &err);
-    int rc = 0;
-    if (st == NM_OK) {
-        /* whole chunks only: each window is a multiple of the chunk, so every
-         * batch the session runs is a full chunk */
-        nm_session_set_load_fn(cs.session, nm_calib_record, calib);
-        const double t0 = now_s();
-        cli_progress line;
-        progress_start(&line);
-        for (size_t done = 0; done < usable && st == NM_OK;) {
-            const size_t len = usable - done < (size_t)window ? usable - done : (size_t)window;
-            nm_session_reset(cs.session);
-            st = nm_session_eval(cs.session, ids + done, (int32_t)len, NULL, false, &err);
-            done += len;
-            const double el = now_s() - t0;
-            progress_update(&line, done == usable || st != NM_OK,
-                            "calibrate: %zu/%zu tokens, %" PRId64 " chunks (%.1f s, ~%.0f s left)",
-                            done, usable, calib->n_chunks, el,
-                            el / (double)done * (double)(usable - done));
-        }
-    }
+    nm_status st = parse_kv_type(o, &cp.kv_type, &err);
+    if (st == NM_OK) st = nm_calib_make(model, ids, n, &cp, &calib, &err);
     if (st == NM_OK) st = nm_calib_save(calib, o->output, &err);
+    int rc = 0;
     if (st != NM_OK) {
         rc = fail_err(&err);
     } else {
+        nm_calib_info ci;
+        nm_calib_get_info(calib, &ci);
         printf("calibration: %" PRId64
                " chunks of %d tokens, %d layers x %d experts, top-%d -> %s\n",
-               calib->n_chunks, chunk, calib->n_layer, calib->n_expert, calib->k, o->output);
+               ci.n_chunks, chunk, ci.n_layer, ci.n_expert, ci.k, o->output);
         printf("share of assignments taken by the most popular quarter of experts, per layer:\n");
-        for (int32_t l = 0; l < calib->n_layer; l++)
-            printf("  layer %2d: %5.1f%%\n", l, 100.0 * top_quarter_share(calib, l));
+        for (int32_t l = 0; l < ci.n_layer; l++)
+            printf("  layer %2d: %5.1f%%\n", l, 100.0 * top_quarter_share(calib, ci.n_expert, l));
     }
     nm_calib_free(calib);
-    close_session(&cs);
     free(ids);
     return rc;
 }
@@ -143,49 +125,37 @@ int cmd_profile(nm_model *model, const cli_options *o) {
     nm_error err = {0};
     if (!o->output) return fail("profile needs -o PROFILE.json%s%s", "", "");
     if (nm_outfile_check(o->output, &err) != NM_OK) return fail_err(&err);
-    const nm_hparams *hp = &model->hp;
-    const int32_t chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
+    nm_model_info info;
+    nm_model_get_info(model, &info);
+    nm_profile_params pp = nm_profile_default_params();
+    pp.chunk = o->chunk ? o->chunk : DEFAULT_CHUNK;
     int32_t experts[MAX_LIST], caps[MAX_LIST];
-    int n_e = 0, n_c = 0;
     if (o->grid_experts) {
-        n_e = parse_int_list(o->grid_experts, "--grid-experts", 1, hp->n_expert, experts, MAX_LIST,
-                             &err);
-        if (n_e < 0) return fail_err(&err);
-    } else {
-        for (int32_t e = 1; e <= hp->n_expert && n_e < MAX_LIST; e *= 2)
-            experts[n_e++] = e;
+        pp.n_grid_experts = parse_int_list(o->grid_experts, "--grid-experts", 1, info.n_expert,
+                                           experts, MAX_LIST, &err);
+        if (pp.n_grid_experts < 0) return fail_err(&err);
+        pp.grid_experts = experts;
     }
     if (o->grid_capacity) {
-        n_c = parse_int_list(o->grid_capacity, "--grid-capacity", 1, 1 << 16, caps, MAX_LIST, &err);
-        if (n_c < 0) return fail_err(&err);
-    } else {
-        for (int32_t c = 4; c <= chunk && n_c < MAX_LIST; c *= 2)
-            caps[n_c++] = c;
-        if (caps[n_c - 1] != chunk && n_c < MAX_LIST) caps[n_c++] = chunk;
+        pp.n_grid_capacity =
+            parse_int_list(o->grid_capacity, "--grid-capacity", 1, 1 << 16, caps, MAX_LIST, &err);
+        if (pp.n_grid_capacity < 0) return fail_err(&err);
+        pp.grid_capacity = caps;
     }
+    pp.reps = o->reps ? o->reps : 5;
+    pp.n_threads = o->threads;
     nm_device *dev = NULL;
-    nm_pool *pool = NULL;
     nm_profile prof;
     memset(&prof, 0, sizeof prof);
-    const int reps = o->reps ? o->reps : 5;
-    int32_t *loads = nm_malloc((size_t)hp->n_expert * sizeof *loads);
-    double step_ms = 0;
-    nm_status st = loads ? NM_OK : nm_errorf(&err, NM_ERR_NOMEM, "out of memory");
-    if (st == NM_OK)
-        st = nm_device_new(o->device ? o->device : "cpu", o->device_threads ? o->device_threads : 1,
-                           &dev, &err);
-    if (st == NM_OK) st = nm_pool_new(o->threads ? o->threads : nm_cpu_count(), &pool, &err);
+    nm_status st = open_device(o, &dev, &err);
     cli_progress line;
     progress_start(&line);
+    pp.progress = profile_progress;
+    pp.progress_ctx = &line;
     if (st == NM_OK) {
-        fprintf(stderr, "profile: the host MoE step over a chunk of %d tokens\n", chunk);
-        st = nm_model_time_host_step(model, pool, chunk, 4 * reps, &step_ms, loads, &err);
+        fprintf(stderr, "profile: the host MoE step over a chunk of %d tokens\n", pp.chunk);
+        st = nm_profile_measure(model, dev, &pp, &prof, &err);
     }
-    if (st == NM_OK)
-        st = nm_device_profile(dev, &model->layers[0].experts, hp->n_embd, hp->n_ff_exp, experts,
-                               n_e, caps, n_c, reps, pool, profile_progress, &line, &prof, &err);
-    if (st == NM_OK) nm_profile_set_overhead(&prof, chunk, step_ms, loads, hp->n_expert);
-    nm_free(loads);
     if (st == NM_OK) st = nm_profile_save(&prof, o->output, &err);
     int rc = 0;
     if (st != NM_OK) {
@@ -195,9 +165,13 @@ int cmd_profile(nm_model *model, const cli_options *o) {
                "+ %.4f ms per layer and chunk of %d\n",
                prof.device, prof.dispatch_ms, prof.host_expert_ms, prof.host_row_ms,
                prof.host_overhead_ms, prof.chunk);
+        /* the points are experts outer, capacities inner */
+        int n_c = 0;
+        while (n_c < prof.n_points && prof.points[n_c].n_experts == prof.points[0].n_experts)
+            n_c++;
         printf("graph time (ms), experts per graph x rows per expert:\n%10s", "");
         for (int c = 0; c < n_c; c++)
-            printf(" %9d", caps[c]);
+            printf(" %9d", prof.points[c].capacity);
         for (int32_t i = 0; i < prof.n_points; i++) {
             if (i % n_c == 0) printf("\n%10d", prof.points[i].n_experts);
             printf(" %9.4f", prof.points[i].graph_ms);
@@ -205,8 +179,7 @@ int cmd_profile(nm_model *model, const cli_options *o) {
         printf("\n-> %s\n", o->output);
     }
     nm_profile_free(&prof);
-    nm_pool_free(pool);
-    nm_device_free(dev);
+    nm_device_close(dev);
     return rc;
 }
 
@@ -250,9 +223,7 @@ int cmd_plan(nm_model *model, const cli_options *o) {
     nm_plan *plan = NULL;
     if (st == NM_OK) st = nm_calib_load(o->calib, &calib, &err);
     if (st == NM_OK) st = nm_profile_load(o->profile, &prof, &err);
-    nm_moe_shape shape;
-    nm_model_moe_shape(model, &shape);
-    if (st == NM_OK) st = nm_plan_make(&shape, calib, &prof, &pp, &plan, &err);
+    if (st == NM_OK) st = nm_plan_create(model, calib, &prof, &pp, &plan, &err);
     if (st == NM_OK) st = nm_plan_save(plan, o->output, &err);
     int rc = 0;
     if (st != NM_OK) {

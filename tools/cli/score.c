@@ -2,8 +2,6 @@
  * reference session and, for compare, a candidate configuration. */
 #include "cli.h"
 
-#include "plan/plan.h"
-
 #include <inttypes.h>
 #include <stdlib.h>
 
@@ -96,9 +94,11 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
                        "\"top1_agreement\":%.6f",
                        cppl, cppl_err, 100.0 * (cppl / ppl - 1.0), acc.kl_sum / scored, acc.kl_max,
                        (double)acc.top1_same / scored);
+            nm_plan_info pi;
+            if (used_plan) nm_plan_get_info(used_plan, &pi);
             if (used_plan)
                 printf(",\"predicted_drop_rate\":%.6f,\"predicted_drop_weight\":%.6f",
-                       used_plan->predicted_drop_rate, used_plan->predicted_drop_weight);
+                       pi.predicted_drop_rate, pi.predicted_drop_weight);
             printf(",\"seconds\":%.3f,\"moe\":", seconds);
             print_metrics_json(stdout, &mt);
             printf("}\n");

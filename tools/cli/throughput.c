@@ -5,8 +5,6 @@
  * max tokens/s, as a table or, with --json, one JSON array. */
 #include "cli.h"
 
-#include "kernels/kernels.h"
-
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -110,7 +108,7 @@ int cmd_bench_throughput(nm_model *model, const cli_options *o) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const double peak_mib = (double)ru.ru_maxrss / 1024.0;
-    const char *kernels = nm_kernels_isa_name(nm_kernels_active());
+    const char *kernels = nm_kernels_variant();
     if (o->json) {
         printf("[\n");
         for (int ti = 0; ti < n_tests; ti++) {

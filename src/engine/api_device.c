@@ -1,0 +1,25 @@
+/* The public device and kernel functions (npumoe.h): thin wrappers over
+ * device/ and kernels/, so that a caller needs neither header. */
+#include "engine.h"
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+nm_status nm_device_open(const nm_device_params *params, nm_device **out, nm_error *err) {
+    return nm_device_new(params, out, err);
+}
+
+void nm_device_close(nm_device *device) { nm_device_free(device); }
+
+nm_status nm_kernels_check_environment(nm_error *err) {
+    const char *bad = NULL;
+    if (nm_kernels_check_env(&bad)) return NM_OK;
+    return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                     "NPUMOE_KERNELS='%s' is not a kernel variant this CPU runs (ref, avx2, "
+                     "avx512, avx512bf16, avx512vnni, amx, or exact)",
+                     bad);
+}
+
+const char *nm_kernels_variant(void) { return nm_kernels_isa_name(nm_kernels_active()); }
+
+const char *nm_kernels_variant_why(void) { return nm_kernels_why(); }
