@@ -12,7 +12,7 @@
 
 #include "base/base.h"
 #include "gguf/gguf.h"
-#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 
 #include "base/base.h"
 #include "model/model.h"
-#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 nm_status nm_chat_apply_template(const nm_model *model, const char *tmpl,
                                  const nm_chat_message *messages, size_t n_messages,

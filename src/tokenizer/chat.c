@@ -1,6 +1,6 @@
 /* The chat formats of Qwen3, Phi-3.5 and Mixtral, written out in C from
- * the templates those models ship (see chat.h), and their recognition. */
-#include "chat.h"
+ * the templates those models ship (see tokenizer.h), and their recognition. */
+#include "tokenizer.h"
 
 #include "base/base.h"
 

@@ -3,8 +3,8 @@
  * (tokenizer.ggml.model "gpt2") with the qwen2, qwen35 and llama3
  * pre-tokenizers, SentencePiece ("llama": Llama-2, Mistral/Mixtral, Phi-3
  * vocabularies, with scores, byte fallback and the leading-space rule),
- * special-token matching, and pieces for decoding.
- * Not here: chat templates (chat.h), detokenizer space clean-up. */
+ * special-token matching, pieces for decoding, and chat templates.
+ * Not here: detokenizer space clean-up. */
 #ifndef NM_TOKENIZER_H
 #define NM_TOKENIZER_H
 
@@ -78,5 +78,45 @@ nm_status nm_tokenizer_encode(const nm_tokenizer *tok, const char *text, size_t 
  * returns that text exactly (for SPM, with the prefixed spaces). */
 int32_t nm_tokenizer_piece(const nm_tokenizer *tok, int32_t id, bool render_special, char *buf,
                            size_t cap);
+
+/* ---- chat prompts (chat.c) ----
+ * The tokenizer.chat_template of the models npumoe runs, recognised and
+ * rendered in C for a conversation (an optional system message, then user
+ * messages and earlier answers) with or without the generation prompt. Not
+ * a Jinja engine: a template that is none of the known ones is an error that
+ * names the fallback (choose a format by name, or give the prompt already
+ * formatted). */
+
+typedef enum nm_chat_format {
+    NM_CHAT_CHATML,  /* Qwen3 (and Qwen2): <|im_start|>role\n...<|im_end|>\n */
+    NM_CHAT_PHI3,    /* Phi-3 / Phi-3.5(-MoE): <|user|>\n...<|end|>\n<|assistant|>\n */
+    NM_CHAT_MISTRAL, /* Mixtral / Mistral v0.1 and Llama-2: [INST] ... [/INST] */
+    NM_CHAT_COUNT
+} nm_chat_format;
+
+/* "chatml" (alias "qwen3"), "phi3", "mistral"; anything else is
+ * NM_ERR_INVALID_ARG listing the names. */
+nm_status nm_chat_format_parse(const char *name, nm_chat_format *out, nm_error *err);
+const char *nm_chat_format_name(nm_chat_format f);
+
+/* Recognises the file's tokenizer.chat_template by the markers its
+ * rendering writes. NM_ERR_NOT_FOUND if the file has none,
+ * NM_ERR_UNSUPPORTED if it is not one of the known formats; both messages
+ * name the fallback. */
+nm_status nm_chat_detect(const nm_gguf *gguf, nm_chat_format *out, nm_error *err);
+
+/* Renders [system (may be NULL or empty)] + user + the generation prompt as
+ * the format's template does with add_generation_prompt. BOS is not part
+ * of the text (the tokenizer adds it where the vocabulary says so).
+ * *out is allocated with nm_malloc (NUL-terminated, *n_out bytes before it);
+ * free it with nm_free. */
+nm_status nm_chat_apply(nm_chat_format f, const char *system, const char *user, char **out,
+                        size_t *n_out, nm_error *err);
+
+/* Renders a conversation (nm_chat_apply_template, npumoe.h, says the rules)
+ * in format f; with add_generation_prompt, what opens the answer. *out as
+ * for nm_chat_apply. */
+nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size_t n_messages,
+                         bool add_generation_prompt, char **out, size_t *n_out, nm_error *err);
 
 #endif /* NM_TOKENIZER_H */
