@@ -293,6 +293,35 @@ def main():
     vals = struct.unpack(f"<{4099}f", last)
     check(all(v == v and abs(v) < 1e30 for v in vals), "logits are finite")
 
+    # ---- --dump: the tap's tensors, a line each ----
+    dpath = os.path.join(tmp, "dump.txt")
+    r = run(bin_, ["logits", "-m", tiny, "--tokens", "1 2 3", "-o", lpath, "--all", "--dump", dpath])
+    lines = open(dpath, encoding="utf-8").read().splitlines() if os.path.exists(dpath) else []
+    rows = [l.split() for l in lines if not l.startswith("#")]
+    n_layer = 1 + max((int(f[0]) for f in rows), default=-1)
+    names = ["attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "ffn_inp", "ffn_norm",
+             "ffn_moe_logits", "ffn_moe_out", "l_out"]
+    want = [(str(l), n) for l in range(n_layer) for n in names] + [("-1", "result_norm"),
+                                                                   ("-1", "result_output")]
+    check(r.returncode == 0 and n_layer > 0 and [(f[0], f[1]) for f in rows] == want,
+          "logits --dump lists each layer's tensors once, in order, then the output",
+          r.stderr.decode() + str(rows[:3]))
+    out_row = next((f for f in rows if f[1] == "result_output"), None)
+    with open(lpath, "rb") as f:
+        logits_sum = sum(struct.unpack("<%df" % (3 * 4099), f.read()))
+    dumped_sum = float(out_row[5].split("=")[1]) if out_row else 0.0
+    check(out_row is not None and out_row[2:5] == ["[3", "x", "4099]"]
+          and abs(dumped_sum - logits_sum) <= 1e-6 * max(1.0, abs(logits_sum)),
+          "--dump's result_output is the logits written", f"{out_row} vs sum {logits_sum}")
+    plain = run(bin_, ["run", "-m", tiny, "--tokens", "1 2 3", "-n", "3", "--temp", "0"])
+    r = run(bin_, ["run", "-m", tiny, "--tokens", "1 2 3", "-n", "3", "--temp", "0", "--dump", dpath])
+    n_lines = sum(1 for l in open(dpath, encoding="utf-8") if not l.startswith("#"))
+    check(r.returncode == 0 and r.stdout == plain.stdout and n_lines == 3 * len(want),
+          "run --dump: the same text, every evaluation dumped (prompt and 2 decode steps)",
+          f"{n_lines} lines, {r.stderr.decode()}")
+    expect_error(bin_, ["run", "-m", tiny, "--tokens", "1 2 3", "--dump", tmp], tmp,
+                 "--dump to a directory")
+
     # ---- perplexity and compare ----
     gpl = "/usr/share/common-licenses/GPL-3"
     excerpt = os.path.join(tmp, "excerpt.txt")  # a fifth of GPL-3 keeps the sanitizer run short

@@ -37,6 +37,18 @@ typedef struct cli_session {
 nm_status open_session(nm_model *model, const cli_options *o, bool static_path, cli_session *cs,
                        nm_error *err);
 void close_session(cli_session *cs);
+/* --dump FILE (dump.c): the session's tap writes each tensor it reports as
+ * one line of FILE; dump_start does nothing without a path. dump_finish
+ * removes the tap and commits the file when st is NM_OK (else drops it);
+ * it returns st, or the commit's failure. */
+typedef struct cli_dump {
+    nm_outfile out;
+    const char *path;
+    bool open;
+    uint64_t n_tensors;
+} cli_dump;
+nm_status dump_start(nm_session *session, const char *path, cli_dump *d, nm_error *err);
+nm_status dump_finish(nm_session *session, cli_dump *d, nm_status st, nm_error *err);
 /* The device of --device (cpu by default) with --device-threads. */
 nm_status open_device(const cli_options *o, nm_device **out, nm_error *err);
 /* Progress on stderr: on a terminal one line rewritten in place (\r) and

@@ -52,12 +52,15 @@ static int cmd_logits(nm_model *model, const cli_options *o) {
     cli_session cs;
     nm_status st = open_session(model, &oo, true, &cs, &err);
     nm_session *s = cs.session;
+    cli_dump dump = {0};
+    if (st == NM_OK) st = dump_start(s, o->dump, &dump, &err);
     size_t n_rows = o->all ? n : 1;
     float *logits = st == NM_OK ? malloc(n_rows * (size_t)info.n_vocab * sizeof(float)) : NULL;
     if (st == NM_OK && !logits)
         st = NM_ERR_NOMEM, snprintf(err.msg, sizeof err.msg, "out of memory for logits");
     if (st == NM_OK)
         st = name_ctx_option(nm_session_eval(s, ids, (int32_t)n, logits, o->all, &err), &err);
+    st = dump_finish(s, &dump, st, &err);
     if (st == NM_OK)
         st = nm_outfile_write(&out, logits, n_rows * (size_t)info.n_vocab * sizeof(float), &err);
     if (st == NM_OK)
@@ -240,8 +243,11 @@ static int cmd_run(nm_model *model, const cli_options *o) {
     run_result r = {0};
     nm_status st = nm_sampler_new(&spp, info.n_vocab, &sampler, &err);
     if (st == NM_OK) st = open_session(model, o, true, &cs, &err);
+    cli_dump dump = {0};
+    if (st == NM_OK) st = dump_start(cs.session, o->dump, &dump, &err);
     r.seed = spp.seed;
     if (st == NM_OK) st = generate(model, cs.session, sampler, ids, n, o, &r, &err);
+    st = dump_finish(cs.session, &dump, st, &err);
     nm_session_metrics mt = {0};
     if (st == NM_OK) nm_session_get_metrics(cs.session, &mt);
     int rc = 0;

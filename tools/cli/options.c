@@ -82,6 +82,9 @@ static const option_def option_table[] = {
      "tokens per prefill step (default 512)"},
     {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS, "FILE",
      "where the logits go, float32 little-endian (required)"},
+    {"dump", 0, KIND_STR, F(dump), 0, 0, CMD_RUN | CMD_LOGITS, "FILE",
+     "write every intermediate tensor of every evaluation (each layer's attn_norm ... l_out, "
+     "llama.cpp's names) to FILE, a line each: shape, sum, first values"},
     {"output", 'o', KIND_STR, F(output), 0, 0, CMD_CALIBRATE, "FILE",
      "where the calibration JSON goes (required)"},
     {"output", 'o', KIND_STR, F(output), 0, 0, CMD_PROFILE, "FILE",

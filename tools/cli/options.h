@@ -72,6 +72,7 @@ typedef struct cli_options {
     const char *chat_template; /* run --chat: chatml | phi3 | mistral, overriding the file's */
     const char *system;        /* run --chat: the system message */
     const char *quant_type;    /* quantize --type: q8_0, ..., q4_k_m */
+    const char *dump;          /* run, logits: --dump FILE, the tap's tensors */
     bool chat;
     bool json;
     bool all;
