@@ -45,11 +45,11 @@ int main(int argc, char **argv) {
     nm_model_info info;
     nm_model_get_info(model, &info);
 
-    /* the first call counts the ids (NM_ERR_CAPACITY), the second writes them */
+    /* the first call counts the ids (NM_ERR_CAPACITY), the second writes
+     * them; add_special: a BOS where the model's vocabulary asks for one */
     const size_t n_bytes = strlen(prompt);
     size_t n_prompt = 0;
-    nm_status st =
-        nm_tokenize(model, prompt, n_bytes, info.add_bos, true, NULL, 0, &n_prompt, &err);
+    nm_status st = nm_tokenize(model, prompt, n_bytes, true, true, NULL, 0, &n_prompt, &err);
     int32_t *ids = malloc((n_prompt + 1) * sizeof *ids);
     float *logits = malloc((size_t)info.n_vocab * sizeof *logits);
     if (!ids || !logits) {
@@ -57,8 +57,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (st == NM_ERR_CAPACITY)
-        st =
-            nm_tokenize(model, prompt, n_bytes, info.add_bos, true, ids, n_prompt, &n_prompt, &err);
+        st = nm_tokenize(model, prompt, n_bytes, true, true, ids, n_prompt, &n_prompt, &err);
     nm_session *session = NULL;
     nm_sampler *sampler = NULL;
     nm_session_params sp = nm_session_default_params();
