@@ -14,10 +14,11 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # KJV text for the training tool's test (tests/train); the Vulkan headers,
 # glslc and Mesa's lavapipe (a CPU Vulkan driver) for the vulkan device's
 # test (tests/test_vulkan.c, which must run: NM_REQUIRE_VULKAN); pkg-config
-# to build an example against the installed library.
+# to build an example against the installed library; libmicrohttpd (HTTP)
+# and jansson (JSON) for npumoe serve (NM_SERVE=ON).
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
           python3-torch python3-regex bible-kjv bible-kjv-text
-          libvulkan-dev glslc mesa-vulkan-drivers pkg-config)
+          libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -33,7 +34,7 @@ fi
 export NM_REQUIRE_VULKAN=1
 
 echo "== release build (-Werror)"
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKAN=ON
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKAN=ON -DNM_SERVE=ON
 cmake --build build/release -j "$jobs"
 ctest --test-dir build/release --output-on-failure -j "$jobs"
 
@@ -86,7 +87,8 @@ NPUMOE_KERNELS=amx ctest --test-dir build/amx-emu --output-on-failure -j "$jobs"
     -R "^(test_model_amx|test_quant_models_amx|test_kernels_variants|test_static|test_device)\$"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
-cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_SANITIZE=ON
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_SANITIZE=ON \
+    -DNM_SERVE=ON
 cmake --build build/asan -j "$jobs"
 ctest --test-dir build/asan --output-on-failure -j "$jobs"
 

@@ -97,5 +97,7 @@ int cmd_bench_throughput(nm_model *model, const cli_options *o);
 int cmd_quantize(const cli_options *o);
 /* devices.c */
 int cmd_devices(const cli_options *o);
+/* serve.c (built when libmicrohttpd and jansson are found: NM_HAVE_SERVE) */
+int cmd_serve(nm_model *model, const cli_options *o);
 
 #endif /* NM_CLI_H */

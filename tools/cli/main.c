@@ -316,6 +316,12 @@ static int npumoe_main(int argc, char **argv) {
         return 0;
     }
     if (cmd == CMD_DEVICES) return cmd_devices(&o);
+#if !NM_HAVE_SERVE
+    if (cmd == CMD_SERVE)
+        return fail("this npumoe was built without serve, which needs libmicrohttpd and jansson "
+                    "(Debian: libmicrohttpd-dev libjansson-dev; cmake -DNM_SERVE=ON)%s%s",
+                    "", "");
+#endif
     if (!o.model) return fail("no model: give -m FILE%s%s", "", "");
     if (cmd == CMD_QUANTIZE) return cmd_quantize(&o);
     nm_model *model = NULL;
@@ -378,6 +384,11 @@ static int npumoe_main(int argc, char **argv) {
         break;
     case CMD_BENCH:
         rc = cmd_bench(model, &o);
+        break;
+    case CMD_SERVE:
+#if NM_HAVE_SERVE
+        rc = cmd_serve(model, &o);
+#endif
         break;
     }
     nm_model_free(model);

@@ -29,7 +29,8 @@ typedef struct option_def {
 
 #define SCORE (CMD_PERPLEXITY | CMD_COMPARE)
 #define OFFLINE (CMD_CALIBRATE | CMD_PROFILE | CMD_PLAN)
-#define ALL_MODEL (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE | OFFLINE | CMD_BENCH)
+#define ALL_MODEL                                                                                  \
+    (CMD_INFO | CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE | OFFLINE | CMD_BENCH | CMD_SERVE)
 #define TEXT_IN (CMD_TOKENIZE | CMD_RUN | CMD_LOGITS | SCORE | CMD_CALIBRATE | CMD_BENCH)
 #define EVAL (CMD_RUN | CMD_LOGITS | SCORE | CMD_CALIBRATE | CMD_BENCH)
 #define STATIC (CMD_RUN | CMD_LOGITS | SCORE | CMD_BENCH)
@@ -68,17 +69,17 @@ static const option_def option_table[] = {
      "sampling seed (default: a random one, printed on stderr)"},
     {"no-display-prompt", 0, KIND_FLAG, F(no_display_prompt), 0, 0, CMD_RUN, NULL,
      "print only the generated text, not the prompt before it"},
-    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL | CMD_PROFILE | CMD_QUANTIZE, "N",
-     "compute threads (default: online CPUs)"},
-    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, EVAL & ~SCORE & ~CMD_CALIBRATE, "N",
+    {"threads", 't', KIND_I32, F(threads), 1, 1024, EVAL | CMD_PROFILE | CMD_QUANTIZE | CMD_SERVE,
+     "N", "compute threads (default: online CPUs)"},
+    {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, (EVAL & ~SCORE & ~CMD_CALIBRATE) | CMD_SERVE, "N",
      "context size in tokens (default: the trained context, at most 4096)"},
     {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, SCORE, "N",
      "window length in tokens (default: the trained context, at most 512)"},
     {"ctx", 'c', KIND_I32, F(ctx), 1, 1 << 24, CMD_CALIBRATE, "N",
      "window length in tokens, whole chunks (default: the trained context, at most 2048)"},
-    {"kv-type", 0, KIND_STR, F(kv_type), 0, 0, EVAL, "f32|f16",
+    {"kv-type", 0, KIND_STR, F(kv_type), 0, 0, EVAL | CMD_SERVE, "f32|f16",
      "KV cache element type (default f32; f16 halves its memory)"},
-    {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL, "N",
+    {"batch", 'b', KIND_I32, F(batch), 1, 1 << 20, EVAL | CMD_SERVE, "N",
      "tokens per prefill step (default 512)"},
     {"output", 'o', KIND_STR, F(output), 0, 0, CMD_LOGITS, "FILE",
      "where the logits go, float32 little-endian (required)"},
@@ -167,6 +168,17 @@ static const option_def option_table[] = {
     {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral",
      "with --chat: use this format instead of recognising the file's template"},
     {"system", 0, KIND_STR, F(system), 0, 0, CMD_RUN, "TEXT", "with --chat: a system message"},
+    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_SERVE, "chatml|phi3|mistral",
+     "the format of /v1/chat/completions' messages (default: the file's template)"},
+    {"host", 0, KIND_STR, F(host), 0, 0, CMD_SERVE, "ADDR",
+     "address to listen on (default 127.0.0.1); any other than loopback needs --api-key or "
+     "--insecure"},
+    {"port", 0, KIND_I32, F(port), 0, 65535, CMD_SERVE, "N",
+     "TCP port (default 8080; 0 = a free one, printed on stderr)"},
+    {"api-key", 0, KIND_STR, F(api_key), 0, 0, CMD_SERVE, "KEY",
+     "every route but /health requires the header 'Authorization: Bearer KEY'"},
+    {"insecure", 0, KIND_FLAG, F(insecure), 0, 0, CMD_SERVE, NULL,
+     "serve a non-loopback --host without --api-key (anyone who reaches it may use it)"},
     {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE | CMD_DEVICES, NULL,
      "show this help"},
 };
@@ -207,6 +219,11 @@ static const struct {
      "       npumoe bench -m MODEL [-p N] [-n N] [-r N] [-t N] [--json]",
      "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG); "
      "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
+    {"serve", CMD_SERVE,
+     "serve -m MODEL [--host ADDR] [--port N] [-c N] [--api-key KEY] [--chat-template NAME] "
+     "[-t N]",
+     "an OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions "
+     "(streamed with \"stream\": true), GET /v1/models and /health; one request at a time"},
     {"devices", CMD_DEVICES, "devices",
      "list the static-graph devices this machine can open (cpu, each Vulkan device) with "
      "their memory and float16/int8 support, and why Vulkan cannot be used if it cannot"},
@@ -234,6 +251,7 @@ static void set_defaults(cli_options *o) {
     o->repeat_last_n = sp.repeat_last_n;
     o->seed = sp.seed;
     o->device_memory = UINT64_MAX; /* unlimited unless given; 0 keeps every expert on the host */
+    o->port = 8080;
 }
 
 static bool option_matches(const option_def *d, const char *arg) {

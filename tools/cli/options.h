@@ -21,6 +21,7 @@ enum {
     CMD_BENCH = 1 << 9,
     CMD_QUANTIZE = 1 << 10,
     CMD_DEVICES = 1 << 11,
+    CMD_SERVE = 1 << 12,
 };
 
 typedef struct cli_options {
@@ -73,6 +74,10 @@ typedef struct cli_options {
     const char *system;        /* run --chat: the system message */
     const char *quant_type;    /* quantize --type: q8_0, ..., q4_k_m */
     const char *dump;          /* run, logits: --dump FILE, the tap's tensors */
+    const char *host;          /* serve: the address to listen on (default 127.0.0.1) */
+    int32_t port;              /* serve: the TCP port (default 8080; 0 = any free one) */
+    const char *api_key;       /* serve: the key every route but /health requires */
+    bool insecure;             /* serve: a non-loopback --host without --api-key */
     bool chat;
     bool json;
     bool all;

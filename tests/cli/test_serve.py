@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""npumoe serve as an HTTP client meets it (issue 15, first slice), with the
+Python standard library alone (http.client).
+
+Usage: test_serve.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
+
+Starts the server on a free port (--port 0; the port is read from its
+stderr line) and checks: greedy and seeded answers equal `npumoe run`'s for
+the same prompt and settings (chat and plain), usage and finish_reason
+(length, stop), streamed chunks that join into the non-streamed text and end
+with [DONE], every bad request with its status and OpenAI-shaped error (the
+server answering a good request after them), the API key, a client that
+leaves mid-stream, the refusal of a non-loopback host without a key, and a
+clean exit on SIGTERM and SIGINT.
+"""
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import test_cli  # its check() counts passes and failures
+from test_cli import check
+
+
+class Server:
+    def __init__(self, binary, model, extra):
+        self.proc = subprocess.Popen([binary, "serve", "-m", model, "--port", "0"] + extra,
+                                     stderr=subprocess.PIPE)
+        self.lines = []
+        port = None
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace")
+            self.lines.append(line)
+            if line.startswith("npumoe: serving "):
+                port = int(line.split("http://")[1].split(" ")[0].rsplit(":", 1)[1])
+                break
+        if port is None:
+            raise RuntimeError("the server did not start: " + "".join(self.lines))
+        self.port = port
+        # the rest of stderr is drained so that the server never blocks on it
+        self.drain = threading.Thread(target=self._drain, daemon=True)
+        self.drain.start()
+
+    def _drain(self):
+        for raw in self.proc.stderr:
+            self.lines.append(raw.decode("utf-8", "replace"))
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        """(status, headers, parsed JSON or text)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        c.request(method, path, body=data, headers=h)
+        r = c.getresponse()
+        text = r.read().decode("utf-8")
+        c.close()
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = text
+        return r.status, dict(r.getheaders()), payload
+
+    def stop(self, sig):
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = None
+        self.drain.join(timeout=10)
+        return rc
+
+
+def run_json(binary, model, args):
+    r = subprocess.run([binary, "run", "-m", model, "--json"] + args, capture_output=True,
+                       timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr.decode())
+    return json.loads(r.stdout)
+
+
+def events(text):
+    """The data: payloads of an event stream."""
+    out = []
+    for block in text.split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            out.append(block[len("data: "):])
+    return out
+
+
+def stream_text(srv, path, body):
+    status, headers, text = srv.request("POST", path, dict(body, stream=True))
+    ev = events(text) if status == 200 else []
+    chunks = [json.loads(e) for e in ev if e != "[DONE]"]
+    key = "delta" if path.endswith("chat/completions") else None
+    joined = "".join(c["choices"][0]["delta"].get("content", "") if key else c["choices"][0]["text"]
+                     for c in chunks if c["choices"])
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    return status, headers, ev, chunks, joined, finishes
+
+
+def is_error(payload, code):
+    e = payload.get("error") if isinstance(payload, dict) else None
+    return (isinstance(e, dict) and isinstance(e.get("message"), str) and e.get("type")
+            and e.get("code") == code)
+
+
+def test_answers(b, model, srv):
+    msg = "Who begat Enos?"
+    ref = run_json(b, model, ["--chat", "--chat-template", "chatml", "-p", msg, "--temp", "0",
+                              "-n", "16"])
+    chat = {"model": os.path.basename(model), "messages": [{"role": "user", "content": msg}],
+            "temperature": 0, "max_tokens": 16}
+    st, _, out = srv.request("POST", "/v1/chat/completions", chat)
+    ok = st == 200 and out.get("object") == "chat.completion"
+    check(ok and out["choices"][0]["message"]["content"] == ref["text"],
+          "greedy chat completion = npumoe run --chat --temp 0", f"{out!r} vs {ref['text']!r}")
+    check(ok and out["usage"] == {"prompt_tokens": ref["prompt_tokens"],
+                                  "completion_tokens": ref["generated_tokens"],
+                                  "total_tokens": ref["prompt_tokens"] + ref["generated_tokens"]},
+          "chat usage counts = run's prompt and generated tokens", repr(out))
+    check(ok and out["choices"][0]["finish_reason"] == "length" and ref["stop"] == "length",
+          "finish_reason length at max_tokens", repr(out))
+
+    prompt = "In the beginning God created"
+    ref = run_json(b, model, ["-p", prompt, "--temp", "0.8", "--seed", "7", "-n", "12"])
+    st, _, out = srv.request("POST", "/v1/completions",
+                             {"prompt": prompt, "seed": 7, "max_tokens": 12})
+    check(st == 200 and out["object"] == "text_completion" and
+          out["choices"][0]["text"] == ref["text"] and
+          out["usage"]["prompt_tokens"] == ref["prompt_tokens"] and
+          out["usage"]["completion_tokens"] == 12,
+          "seeded completion (default sampling) = npumoe run --seed 7", f"{out!r} vs {ref!r}")
+    sampled = {"prompt": prompt, "seed": 3, "max_tokens": 12, "temperature": 1.2, "top_k": 20,
+               "top_p": 0.9, "min_p": 0.01}
+    ref = run_json(b, model, ["-p", prompt, "--temp", "1.2", "--top-k", "20", "--top-p", "0.9",
+                              "--min-p", "0.01", "--seed", "3", "-n", "12"])
+    st, _, out = srv.request("POST", "/v1/completions", sampled)
+    check(st == 200 and out["choices"][0]["text"] == ref["text"],
+          "temperature, top_k, top_p, min_p, seed as npumoe run's options", f"{out!r} vs {ref!r}")
+
+    # a stop string cuts the text before it, finish_reason stop
+    greedy = {"prompt": prompt, "temperature": 0, "max_tokens": 24}
+    st, _, full = srv.request("POST", "/v1/completions", greedy)
+    text = full["choices"][0]["text"]
+    words = text.split(" ")
+    stop = " " + words[len(words) // 2] if len(words) > 2 else text[2:4]
+    cut = text[:text.find(stop)]
+    st, _, out = srv.request("POST", "/v1/completions",
+                             dict(greedy, stop=[stop, "never in this text"]))
+    check(st == 200 and out["choices"][0]["text"] == cut and
+          out["choices"][0]["finish_reason"] == "stop" and
+          out["usage"]["completion_tokens"] < 24,
+          "a stop string: text cut before it, finish_reason stop", f"{out!r}, stop {stop!r}")
+    st, _, ev, chunks, joined, fin = stream_text(srv, "/v1/completions", dict(greedy, stop=stop))
+    check(st == 200 and joined == cut and fin[-1] == "stop" and ev[-1] == "[DONE]",
+          "streamed with a stop string: the same cut text", f"{joined!r} vs {cut!r}, {fin}")
+
+    # streaming: chunks join into the non-streamed text, then [DONE]
+    st, _, out = srv.request("POST", "/v1/chat/completions", chat)
+    st2, headers, ev, chunks, joined, fin = stream_text(
+        srv, "/v1/chat/completions", dict(chat, stream_options={"include_usage": True}))
+    check(st2 == 200 and headers.get("Content-Type") == "text/event-stream" and
+          ev[-1] == "[DONE]" and all(c["object"] == "chat.completion.chunk" for c in chunks) and
+          chunks[0]["choices"][0]["delta"].get("role") == "assistant",
+          "a stream: text/event-stream chunks, role first, ending with data: [DONE]", repr(ev[:3]))
+    check(joined == out["choices"][0]["message"]["content"] and fin[-1] == "length" and
+          all(f is None for f in fin[:-1]),
+          "streamed chat chunks join into the non-streamed text; finish_reason on the last",
+          f"{joined!r} vs {out!r}")
+    check(chunks[-1]["choices"] == [] and chunks[-1]["usage"] == out["usage"],
+          "stream_options.include_usage: a last chunk with the usage", repr(chunks[-1]))
+    st, _, ev, chunks, joined, fin = stream_text(srv, "/v1/completions", greedy)
+    check(st == 200 and joined == text and ev[-1] == "[DONE]" and fin[-1] == "length",
+          "streamed completion joins into the non-streamed text", f"{joined!r} vs {text!r}")
+
+
+def test_leave_mid_stream(srv, auth):
+    """A client that asks for 4000 tokens (tens of seconds here) and closes its
+    connection after the first chunk: the slot is freed at once, so the next
+    request is answered in far less time than the abandoned one would take."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    c.request("POST", "/v1/completions",
+              body=json.dumps({"prompt": "And", "stream": True, "max_tokens": 4000,
+                               "temperature": 0}),
+              headers=dict(auth, **{"Content-Type": "application/json"}))
+    r = c.getresponse()
+    first = r.read(6)
+    c.sock.close()
+    c.close()
+    t0 = time.monotonic()
+    st, _, out = srv.request("POST", "/v1/completions",
+                             {"prompt": "And", "max_tokens": 3, "temperature": 0}, auth)
+    took = time.monotonic() - t0
+    check(first == b"data: " and st == 200 and out["usage"]["completion_tokens"] == 3 and
+          took < 8, "a client that leaves mid-stream frees the slot at once",
+          f"{first!r} {out!r}, the next request took {took:.1f} s")
+
+
+def test_errors(srv, model):
+    n_ctx = 128
+    cases = [
+        ("malformed JSON", "POST", "/v1/chat/completions", b'{"messages": [', 400,
+         "invalid_json"),
+        ("a body that is not an object", "POST", "/v1/completions", b"[1, 2]", 400,
+         "invalid_type"),
+        ("temperature of the wrong type", "POST", "/v1/completions",
+         json.dumps({"prompt": "Hi", "temperature": "hot"}).encode(), 400, "invalid_type"),
+        ("max_tokens of the wrong type", "POST", "/v1/completions",
+         json.dumps({"prompt": "Hi", "max_tokens": 2.5}).encode(), 400, "invalid_type"),
+        ("top_p out of range", "POST", "/v1/completions",
+         json.dumps({"prompt": "Hi", "top_p": 2}).encode(), 400, "invalid_type"),
+        ("stop of the wrong type", "POST", "/v1/completions",
+         json.dumps({"prompt": "Hi", "stop": 5}).encode(), 400, "invalid_type"),
+        ("stream of the wrong type", "POST", "/v1/completions",
+         json.dumps({"prompt": "Hi", "stream": "yes"}).encode(), 400, "invalid_type"),
+        ("messages of the wrong type", "POST", "/v1/chat/completions",
+         json.dumps({"messages": "Hi"}).encode(), 400, "invalid_type"),
+        ("a message without content", "POST", "/v1/chat/completions",
+         json.dumps({"messages": [{"role": "user"}]}).encode(), 400, "invalid_type"),
+        ("no prompt", "POST", "/v1/completions", b"{}", 400, "invalid_type"),
+        ("an unknown model", "POST", "/v1/completions",
+         json.dumps({"model": "gpt-4", "prompt": "Hi"}).encode(), 404, "model_not_found"),
+        ("an unknown route", "GET", "/v1/embeddings", None, 404, "unknown_url"),
+        ("the wrong method", "GET", "/v1/chat/completions", None, 405, "method_not_allowed"),
+        ("a body over the limit", "POST", "/v1/completions",
+         b'{"prompt": "' + b"a" * (2 << 20) + b'"}', 413, "request_too_large"),
+    ]
+    for what, method, path, raw, status, code in cases:
+        st, headers, out = srv.request(method, path, raw=raw)
+        check(st == status and is_error(out, code), f"{what}: {status} with code {code}",
+              f"{st} {out!r}")
+        if status == 405:
+            check(headers.get("Allow") == "POST", "405 says the method allowed", repr(headers))
+    st, _, out = srv.request("POST", "/v1/completions", {"prompt": "And the " * 200})
+    msg = out.get("error", {}).get("message", "") if isinstance(out, dict) else ""
+    check(st == 400 and is_error(out, "context_length_exceeded") and str(n_ctx) in msg and
+          "tokens" in msg, "a prompt longer than the context: 400 with the numbers", repr(out))
+    st, _, out = srv.request("POST", "/v1/completions", {"prompt": "And", "max_tokens": n_ctx})
+    check(st == 400 and is_error(out, "context_length_exceeded"),
+          "max_tokens beyond what the context holds: 400", repr(out))
+    st, _, out = srv.request("POST", "/v1/completions",
+                             {"prompt": "And", "max_tokens": 2, "unknown_field": [1],
+                              "stop": ""})
+    check(st == 200 and out["usage"]["completion_tokens"] == 2,
+          "unknown fields (and an empty stop) are ignored; the server serves after bad requests",
+          repr(out))
+
+
+def test_api_key(b, model):
+    srv = Server(b, model, ["--api-key", "s3cret", "-c", "4096"])
+    st, _, out = srv.request("GET", "/health")
+    check(st == 200 and out == {"status": "ok"}, "/health needs no key", repr(out))
+    for what, headers in [("no key", {}), ("a wrong key", {"Authorization": "Bearer s3creT"}),
+                          ("a longer key", {"Authorization": "Bearer s3cret0"}),
+                          ("not a bearer", {"Authorization": "s3cret"})]:
+        for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
+                             ("GET", "/nowhere")]:
+            st, _, out = srv.request(method, path, {"prompt": "Hi"} if method == "POST" else None,
+                                     headers)
+            check(st == 401 and is_error(out, "invalid_api_key"), f"{what}: 401 on {path}",
+                  f"{st} {out!r}")
+    good = {"Authorization": "Bearer s3cret"}
+    st, _, out = srv.request("GET", "/v1/models", headers=good)
+    check(st == 200 and out["data"][0]["id"] == os.path.basename(model),
+          "the right key: /v1/models lists the model", repr(out))
+    st, _, out = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, good)
+    check(st == 200, "the right key: a completion", repr(out))
+    test_leave_mid_stream(srv, good)
+    rc = srv.stop(signal.SIGINT)
+    check(rc == 0, "SIGINT: the server exits 0", f"exit {rc}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--model", required=True)
+    a = ap.parse_args()
+    b, model = a.binary, a.model
+
+    r = subprocess.run([b, "serve", "-m", model, "--host", "0.0.0.0", "--port", "0"],
+                       capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    check(r.returncode == 1 and "--api-key" in err and "--insecure" in err,
+          "a non-loopback host without --api-key is refused, naming --api-key and --insecure",
+          err)
+
+    srv = Server(b, model, ["--chat-template", "chatml", "-c", "128", "-t", "2"])
+    try:
+        st, _, out = srv.request("GET", "/health")
+        check(st == 200 and out == {"status": "ok"}, "/health", repr(out))
+        st, _, out = srv.request("GET", "/v1/models")
+        check(st == 200 and out["object"] == "list" and
+              out["data"][0]["id"] == os.path.basename(model), "/v1/models", repr(out))
+        test_answers(b, model, srv)
+        test_errors(srv, model)
+    finally:
+        rc = srv.stop(signal.SIGTERM)
+    check(rc == 0 and any("SIGTERM" in l for l in srv.lines), "SIGTERM: the server exits 0",
+          f"exit {rc}: {''.join(srv.lines)[-500:]}")
+    test_api_key(b, model)
+    print(f"test_serve: {test_cli.passed} passed, {test_cli.failed} failed")
+    return 1 if test_cli.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
