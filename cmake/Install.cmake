@@ -39,3 +39,20 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/npumoe.pc DESTINATION ${nm_pc_dir})
 if(BUILD_SHARED_LIBS)
   set_target_properties(npumoe PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
 endif()
+
+# A shared library exports the public API alone: a linker version script
+# made from the functions include/npumoe.h declares (every nm_ name it writes
+# followed by a parenthesis), everything else local. The command and the
+# examples are built on that header alone, so they link against it; the
+# tests, which call internal functions, use the static library.
+if(BUILD_SHARED_LIBS)
+  file(READ ${CMAKE_CURRENT_SOURCE_DIR}/include/npumoe.h nm_header)
+  string(REGEX MATCHALL "nm_[a-z0-9_]+\\(" nm_public "${nm_header}")
+  list(TRANSFORM nm_public REPLACE "\\($" "")
+  list(REMOVE_DUPLICATES nm_public)
+  list(JOIN nm_public ";\n    " nm_public)
+  set(nm_map ${CMAKE_CURRENT_BINARY_DIR}/npumoe.map)
+  file(WRITE ${nm_map} "NPUMOE_${PROJECT_VERSION_MAJOR} {\n  global:\n    ${nm_public};\n  local: *;\n};\n")
+  target_link_options(npumoe_lib PRIVATE "LINKER:--version-script=${nm_map}")
+  set_property(TARGET npumoe_lib APPEND PROPERTY LINK_DEPENDS ${nm_map})
+endif()

@@ -65,6 +65,17 @@ lib=$(find "$prefix/shared" -name "libnpumoe.so.${version%%.*}" | head -n 1)
 dynamic=$(readelf -d "$lib") # whole, so grep -q cannot cut readelf's pipe (pipefail)
 grep -q "SONAME.*\[libnpumoe\.so\.${version%%.*}\]" <<<"$dynamic" ||
     { echo "no SONAME libnpumoe.so.${version%%.*} in $lib:"; echo "$dynamic"; exit 1; }
+# it exports the functions npumoe.h declares and nothing else (the linker
+# version script of cmake/Install.cmake); the installed command, built on the
+# header alone, runs on it (check_simple.sh below)
+symbols=$(nm -D --defined-only "$lib") # whole, as readelf's above
+exported=$(awk '{sub(/@.*/, "", $3); if ($3 !~ /^NPUMOE_/) print $3}' <<<"$symbols")
+[ "$(wc -l <<<"$exported")" -ge 50 ] || { echo "$lib exports too few functions:"; echo "$exported"; exit 1; }
+for sym in $exported; do
+    grep -q "\b$sym(" include/npumoe.h || { echo "$lib exports $sym, which npumoe.h does not declare"; exit 1; }
+done
+! grep -qx nm_kernels_prepare <<<"$exported" ||
+    { echo "$lib exports internal functions (nm_kernels_prepare)"; exit 1; }
 pc_dir=$(dirname "$(find "$prefix/shared" -name npumoe.pc)")
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Wextra -Werror examples/simple.c -o "$prefix/simple-shared" \
