@@ -1,7 +1,7 @@
 /* The cross-device test: each device's grouped FFN graphs against a host
  * result computed here from the reference kernels on exactly the rows the
  * host filled; then asynchrony and FIFO order, the counters, what compile
- * refuses, and the profile. The devices are the ones nm_device_new knows. */
+ * refuses, and the profile. The devices are the ones nm_device_open knows. */
 #include "harness.h"
 
 #include "base/base.h"
@@ -517,33 +517,33 @@ static void check_creation(void) {
 
     nm_device *dev = (nm_device *)&row0;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "npu", .n_threads = 2}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "npu", .n_threads = 2}, &dev, &err),
                  NM_ERR_UNSUPPORTED);
     CHECK(dev == NULL);
     CHECK(strstr(err.msg, "'npu'") && strstr(err.msg, "available: cpu"));
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = NULL, .n_threads = 2}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = NULL, .n_threads = 2}, &dev, &err),
                  NM_ERR_INVALID_ARG);
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 0}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 0}, &dev, &err),
                  NM_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "thread count 0") != NULL);
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 3}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 3}, &dev, &err),
                  NM_OK);
     CHECK(dev && strcmp(dev->ops->name, "cpu") == 0);
     nm_device_stats s;
     dev->ops->stats(dev, &s);
     CHECK(s.graphs_compiled == 0 && s.dispatches == 0 && s.busy_ns == 0 && s.rows_computed == 0 &&
           s.device_bytes == 0);
-    nm_device_free(dev);
-    nm_device_free(NULL);
+    nm_device_close(dev);
+    nm_device_close(NULL);
 
     int n_failures = 0;
     for (long n = 0; n < 32; n++) {
         nm_alloc_fail_after(n);
         nm_status st =
-            nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 3}, &dev, &err);
+            nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 3}, &dev, &err);
         nm_alloc_fail_after(-1);
         if (st == NM_OK) {
-            nm_device_free(dev);
+            nm_device_close(dev);
             break;
         }
         CHECK_INT_EQ(st, NM_ERR_NOMEM);
@@ -577,7 +577,7 @@ int main(void) {
         for (int n_threads = 1; n_threads <= 3; n_threads += 2) {
             nm_device *dev = NULL;
             CHECK_INT_EQ(
-                nm_device_new(&(nm_device_params){.name = device_names[d], .n_threads = n_threads},
+                nm_device_open(&(nm_device_params){.name = device_names[d], .n_threads = n_threads},
                               &dev, &err),
                 NM_OK);
             if (!dev) continue;
@@ -601,12 +601,12 @@ int main(void) {
             nm_device_stats s;
             dev->ops->stats(dev, &s);
             CHECK_INT_EQ(s.device_bytes, 0);
-            nm_device_free(dev);
+            nm_device_close(dev);
         }
         nm_device *dev = NULL;
         nm_pool *host = NULL;
         CHECK_INT_EQ(
-            nm_device_new(&(nm_device_params){.name = device_names[d], .n_threads = 2}, &dev, &err),
+            nm_device_open(&(nm_device_params){.name = device_names[d], .n_threads = 2}, &dev, &err),
             NM_OK);
         CHECK_INT_EQ(nm_pool_new(2, &host, &err), NM_OK);
         if (dev && host) {
@@ -615,7 +615,7 @@ int main(void) {
             check_supports(dev, &model->layers[0].experts, host);
         }
         nm_pool_free(host);
-        nm_device_free(dev);
+        nm_device_close(dev);
     }
     nm_test_experts_free(&f16);
     nm_test_experts_free(&bf16);

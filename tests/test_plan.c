@@ -1637,7 +1637,7 @@ static void test_end_to_end(nm_model *m) {
 
     nm_device *dev = NULL;
     nm_pool *pool = NULL;
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
                  NM_OK);
     CHECK_INT_EQ(nm_pool_new(2, &pool, &err), NM_OK);
     nm_profile prof = {0};
@@ -1720,7 +1720,7 @@ static void test_end_to_end(nm_model *m) {
         nm_profile_free(&prof);
     }
     nm_pool_free(pool);
-    nm_device_free(dev);
+    nm_device_close(dev);
 out:
     nm_calib_free(c);
     nm_session_free(s);

@@ -185,7 +185,7 @@ int main(void) {
     nm_error err = {0};
     CHECK_INT_EQ(nm_model_load(VEC "model.gguf", NULL, &m, &err), NM_OK);
     nm_device *dev = NULL;
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
                  NM_OK);
     if (!m || !dev) return nm_test_finish("test_static");
     const int nv = m->hp.n_vocab;
@@ -309,7 +309,7 @@ int main(void) {
 
     free(dense);
     free(got);
-    nm_device_free(dev);
+    nm_device_close(dev);
     nm_model_free(m);
     return nm_test_finish("test_static");
 }

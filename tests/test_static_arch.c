@@ -89,13 +89,13 @@ static void check_model(const char *name, nm_compat compat, nm_device *dev) {
 int main(void) {
     nm_device *dev = NULL;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
                  NM_OK);
     if (!dev) return nm_test_finish("test_static_arch");
     check_model("tiny-olmoe", NM_COMPAT_NONE, dev);
     check_model("tiny-mixtral", NM_COMPAT_LLAMA_CPP, dev);
     check_model("tiny-phimoe", NM_COMPAT_LLAMA_CPP, dev);
     check_model("tiny-phimoe", NM_COMPAT_NONE, dev);
-    nm_device_free(dev);
+    nm_device_close(dev);
     return nm_test_finish("test_static_arch");
 }

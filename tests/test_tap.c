@@ -287,7 +287,7 @@ int main(void) {
     /* a static chunk pads the last batch to 16 rows: the tap sees 3 */
     nm_device *dev = NULL;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err), NM_OK);
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err), NM_OK);
     static nm_test_plan full;
     nm_test_parity_plan(&full, 16, m->hp.n_layer, m->hp.n_expert, 16, true, NM_OVERFLOW_DROP,
                         NM_SALIENCE_ROUTER);
@@ -295,7 +295,7 @@ int main(void) {
         test_reports(m, ids, n - 1, NM_KV_F32, NM_MODE_GROUPED, &full.plan, dev,
                      "qwen3moe grouped");
     test_stop(m, ids, n);
-    nm_device_free(dev);
+    nm_device_close(dev);
     nm_model_free(m);
 
     m = load("tiny-phimoe");

@@ -175,7 +175,7 @@ static void check_refusals(void) {
         nm_device_stats st;
         dev->ops->stats(dev, &st);
         CHECK_INT_EQ(st.device_bytes, 0); /* nothing left behind */
-        nm_device_free(dev);
+        nm_device_close(dev);
     }
     const nm_vulkan_device_params big = {.index = 0, .budget_bytes = 0};
     CHECK_INT_EQ(nm_vulkan_device_new(&big, &dev, &err), NM_OK);
@@ -200,7 +200,7 @@ static void check_refusals(void) {
                                           .weights = &s.w};
         CHECK_INT_EQ(dev->ops->compile(dev, &out_of_range, &g, &err), NM_ERR_INVALID_ARG);
         CHECK_INT_EQ(nm_device_check(dev, &err), NM_OK);
-        nm_device_free(dev);
+        nm_device_close(dev);
     }
     nm_test_experts_free(&s);
 }
@@ -212,23 +212,23 @@ static void check_names(int n_vulkan) {
     nm_error err = {0};
     char name[32];
     snprintf(name, sizeof name, "vulkan:%d", n_vulkan);
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = name, .n_threads = 1}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = name, .n_threads = 1}, &dev, &err),
                  NM_ERR_NOT_FOUND);
     printf("%s: %s\n", name, err.msg);
     CHECK(strstr(err.msg, "does not exist") != NULL);
     const char *bad[] = {"vulkan:", "vulkan:x", "vulkan:-1", "vulkan:1x", "vulkanx"};
     for (int i = 0; i < 5; i++) {
         const nm_status st =
-            nm_device_new(&(nm_device_params){.name = bad[i], .n_threads = 1}, &dev, &err);
+            nm_device_open(&(nm_device_params){.name = bad[i], .n_threads = 1}, &dev, &err);
         CHECK(st == NM_ERR_INVALID_ARG || st == NM_ERR_UNSUPPORTED);
         CHECK(dev == NULL);
     }
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err),
                  NM_OK);
-    nm_device_free(dev);
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "vulkan:0", .n_threads = 1}, &dev, &err),
+    nm_device_close(dev);
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "vulkan:0", .n_threads = 1}, &dev, &err),
                  NM_OK);
-    nm_device_free(dev);
+    nm_device_close(dev);
 }
 
 /* ---- the static modes on whole models ---- */
@@ -368,7 +368,7 @@ int main(void) {
         printf("no Vulkan device: %s\n", why);
         CHECK(why[0] != '\0');
         nm_device *dev = NULL;
-        CHECK(nm_device_new(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err) !=
+        CHECK(nm_device_open(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err) !=
               NM_OK);
         CHECK(dev == NULL && err.msg[0] != '\0');
         printf("--device vulkan: %s\n", err.msg);
@@ -383,9 +383,9 @@ int main(void) {
     CHECK(nm_kernels_force(NM_KERNELS_REF));
     check_names(n_vulkan);
     nm_device *vk = NULL, *cpu = NULL;
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &vk, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &vk, &err),
                  NM_OK);
-    CHECK_INT_EQ(nm_device_new(&(nm_device_params){.name = "cpu", .n_threads = 1}, &cpu, &err),
+    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &cpu, &err),
                  NM_OK);
     if (!vk || !cpu) return nm_test_finish("test_vulkan");
     const uint32_t types[6] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
@@ -407,7 +407,7 @@ int main(void) {
     check_model(NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf", ids, n_use, vk, cpu);
     check_model(NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M/model.gguf", ids, n_use, vk, cpu);
     check_model(NM_BUILD_DIR "/models/default.gguf", ids, n_use, vk, cpu);
-    nm_device_free(cpu);
-    nm_device_free(vk);
+    nm_device_close(cpu);
+    nm_device_close(vk);
     return nm_test_finish("test_vulkan");
 }

@@ -109,7 +109,7 @@ nm_device_params nm_device_default_params(void) {
     return (nm_device_params){.name = "cpu", .n_threads = 1, .memory_budget_bytes = 0};
 }
 
-nm_status nm_device_new(const nm_device_params *params, nm_device **out, nm_error *err) {
+nm_status nm_device_open(const nm_device_params *params, nm_device **out, nm_error *err) {
     *out = NULL;
     const char *name = params ? params->name : NULL;
     if (!name) return nm_errorf(err, NM_ERR_INVALID_ARG, "no device name given");
@@ -178,6 +178,6 @@ nm_status nm_device_list(nm_device_info **out, int *n, char *why_no_vulkan, size
     return NM_OK;
 }
 
-void nm_device_free(nm_device *dev) {
+void nm_device_close(nm_device *dev) {
     if (dev) dev->ops->free(dev);
 }

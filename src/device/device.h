@@ -112,11 +112,9 @@ typedef struct nm_vulkan_device_params {
 nm_status nm_vulkan_device_new(const nm_vulkan_device_params *params, nm_device **out,
                                nm_error *err);
 
-/* Creates a device from public params (npumoe.h): by name, "cpu" (with
- * n_threads), "vulkan" (the first Vulkan device) or "vulkan:N" (with the
- * memory budget); nm_device_open is this. */
-nm_status nm_device_new(const nm_device_params *params, nm_device **out, nm_error *err);
-void nm_device_free(nm_device *dev);
+/* Devices are opened by name with nm_device_open and closed with
+ * nm_device_close (npumoe.h: "cpu" with n_threads, "vulkan" or "vulkan:N"
+ * with the memory budget). */
 /* dev->ops->supports. */
 bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op);
 /* NM_OK when dev supports FFN graphs over each of w's three matrices, else

@@ -1,15 +1,9 @@
-/* The public device and kernel functions (npumoe.h): thin wrappers over
- * device/ and kernels/, so that a caller needs neither header. */
+/* The public kernel functions (npumoe.h): thin wrappers over kernels/, so
+ * that a caller does not need its header (devices open in device/device.c). */
 #include "engine.h"
 
 #include "base/base.h"
 #include "kernels/kernels.h"
-
-nm_status nm_device_open(const nm_device_params *params, nm_device **out, nm_error *err) {
-    return nm_device_new(params, out, err);
-}
-
-void nm_device_close(nm_device *device) { nm_device_free(device); }
 
 nm_status nm_kernels_check_environment(nm_error *err) {
     const char *bad = NULL;
