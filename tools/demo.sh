@@ -17,6 +17,21 @@ REPS=${REPS:-3}
 PROMPT=${PROMPT:-"In the beginning God created"}
 out=build/demo
 
+# what the build needs beyond a compiler and CMake: pkg-config and jansson
+# (JSON); installed when missing and apt-get is there (tools/test.sh
+# installs everything the tests need)
+missing=()
+for p in pkg-config libjansson-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing: ${missing[*]}"
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+fi
+
 echo "== building build/release/npumoe (the command alone; tools/test.sh builds the tests)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release --target npumoe -j "$(nproc 2>/dev/null || echo 2)" >/dev/null

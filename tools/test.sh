@@ -14,8 +14,10 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # KJV text for the training tool's test (tests/train); the Vulkan headers,
 # glslc and Mesa's lavapipe (a CPU Vulkan driver) for the vulkan device's
 # test (tests/test_vulkan.c, which must run: NM_REQUIRE_VULKAN); pkg-config
-# to build an example against the installed library; libmicrohttpd (HTTP)
-# and jansson (JSON) for npumoe serve (NM_SERVE=ON).
+# to build an example against the installed library and to find jansson;
+# jansson, the JSON library of the whole project (the calibration, profile
+# and plan files, npumoe serve); libmicrohttpd (HTTP) for npumoe serve
+# (NM_SERVE=ON).
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
           python3-torch python3-regex bible-kjv bible-kjv-text
           libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev)

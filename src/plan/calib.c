@@ -243,6 +243,30 @@ nm_status nm_calib_check_shape(const nm_calib *calib, const nm_moe_shape *shape,
 
 /* ---- the file ---- */
 
+/* One expert's object: its summaries, its sparse histogram as [load,
+ * count] pairs, its ranked sums; NULL when memory ran out. */
+static json_t *expert_object(const nm_calib *calib, int32_t l, int32_t e) {
+    json_t *o = json_object(), *hist = json_array(), *ranked = json_array();
+    bool ok = nm_json_put(o, "mean", nm_json_num(nm_calib_mean(calib, l, e))) &&
+              nm_json_put(o, "max", json_integer(nm_calib_max(calib, l, e)));
+    for (int i = 0; ok && i < N_SUMMARY; i++)
+        ok = nm_json_put(o, summary_quantiles[i].key,
+                         json_integer(nm_calib_quantile(calib, l, e, summary_quantiles[i].q)));
+    ok = nm_json_put(o, "hist", hist) && ok;
+    ok = nm_json_put(o, "ranked", ranked) && ok;
+    const int64_t *h = hist_row(calib, l, e);
+    for (int32_t x = 0; ok && x <= calib->chunk; x++)
+        if (h[x]) ok = nm_json_push(hist, json_pack("[iI]", (int)x, (json_int_t)h[x]));
+    const double *rk = ranked_row(calib, l, e);
+    for (int32_t r = 0; ok && r < nm_calib_max(calib, l, e); r++)
+        ok = nm_json_push(ranked, nm_json_num(rk[r]));
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_bytes, nm_error *err) {
     NM_ASSERT(calib && text && n_bytes);
     *text = NULL;
@@ -255,68 +279,27 @@ nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_byt
                                  "calibration stopped inside a forward pass",
                                  l, e, (long long)n, (long long)calib->n_chunks);
         }
-    nm_json_writer *w = nm_json_writer_memory();
-    if (!w) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a calibration's text");
-    nm_json_begin_object(w);
-    nm_json_key(w, "format");
-    nm_json_write_str(w, NM_CALIB_FORMAT);
-    nm_json_key(w, "version");
-    nm_json_write_int(w, NM_CALIB_FILE_VERSION);
-    nm_json_key(w, "fingerprint");
-    nm_json_write_str(w, calib->fingerprint.hex);
-    nm_json_key(w, "chunk");
-    nm_json_write_int(w, calib->chunk);
-    nm_json_key(w, "k");
-    nm_json_write_int(w, calib->k);
-    nm_json_key(w, "n_layer");
-    nm_json_write_int(w, calib->n_layer);
-    nm_json_key(w, "n_expert");
-    nm_json_write_int(w, calib->n_expert);
-    nm_json_key(w, "n_chunks");
-    nm_json_write_int(w, calib->n_chunks);
-    nm_json_key(w, "n_tokens");
-    nm_json_write_int(w, calib->n_tokens);
-    nm_json_key(w, "layers");
-    nm_json_begin_array(w);
-    for (int32_t l = 0; l < calib->n_layer; l++) {
-        nm_json_begin_object(w);
-        nm_json_key(w, "experts");
-        nm_json_begin_array(w);
-        for (int32_t e = 0; e < calib->n_expert; e++) {
-            nm_json_begin_object(w);
-            nm_json_key(w, "mean");
-            nm_json_write_num(w, nm_calib_mean(calib, l, e));
-            nm_json_key(w, "max");
-            nm_json_write_int(w, nm_calib_max(calib, l, e));
-            for (int i = 0; i < N_SUMMARY; i++) {
-                nm_json_key(w, summary_quantiles[i].key);
-                nm_json_write_int(w, nm_calib_quantile(calib, l, e, summary_quantiles[i].q));
-            }
-            nm_json_key(w, "hist");
-            nm_json_begin_array(w);
-            const int64_t *h = hist_row(calib, l, e);
-            for (int32_t x = 0; x <= calib->chunk; x++) {
-                if (!h[x]) continue;
-                nm_json_begin_array(w);
-                nm_json_write_int(w, x);
-                nm_json_write_int(w, h[x]);
-                nm_json_end_array(w);
-            }
-            nm_json_end_array(w);
-            nm_json_key(w, "ranked");
-            nm_json_begin_array(w);
-            const double *rk = ranked_row(calib, l, e);
-            for (int32_t r = 0; r < nm_calib_max(calib, l, e); r++)
-                nm_json_write_num(w, rk[r]);
-            nm_json_end_array(w);
-            nm_json_end_object(w);
-        }
-        nm_json_end_array(w);
-        nm_json_end_object(w);
+    /* each container is attached before it is filled, so that freeing
+     * root frees everything whatever failed */
+    json_t *root = json_object(), *layers = json_array();
+    bool ok = nm_json_put(root, "format", json_string(NM_CALIB_FORMAT)) &&
+              nm_json_put(root, "version", json_integer(NM_CALIB_FILE_VERSION)) &&
+              nm_json_put(root, "fingerprint", json_string(calib->fingerprint.hex)) &&
+              nm_json_put(root, "chunk", json_integer(calib->chunk)) &&
+              nm_json_put(root, "k", json_integer(calib->k)) &&
+              nm_json_put(root, "n_layer", json_integer(calib->n_layer)) &&
+              nm_json_put(root, "n_expert", json_integer(calib->n_expert)) &&
+              nm_json_put(root, "n_chunks", json_integer(calib->n_chunks)) &&
+              nm_json_put(root, "n_tokens", json_integer(calib->n_tokens));
+    ok = nm_json_put(root, "layers", layers) && ok;
+    for (int32_t l = 0; ok && l < calib->n_layer; l++) {
+        json_t *lo = json_object(), *experts = json_array();
+        ok = nm_json_put(lo, "experts", experts);
+        ok = nm_json_push(layers, lo) && ok;
+        for (int32_t e = 0; ok && e < calib->n_expert; e++)
+            ok = nm_json_push(experts, expert_object(calib, l, e));
     }
-    nm_json_end_array(w);
-    nm_json_end_object(w);
-    return nm_json_writer_finish(w, text, n_bytes, err);
+    return nm_json_print(root, ok, "calibration", text, n_bytes, err);
 }
 
 nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err) {
@@ -328,24 +311,24 @@ nm_status nm_calib_save(const nm_calib *calib, const char *path, nm_error *err) 
 }
 
 /* One expert's histogram from its object; checks the summaries. */
-static nm_status read_expert(const nm_json *obj, nm_calib *c, int32_t l, int32_t e,
+static nm_status read_expert(const json_t *obj, nm_calib *c, int32_t l, int32_t e,
                              uint64_t *assignments, nm_error *err) {
     char where[64];
     snprintf(where, sizeof where, "layers[%d].experts[%d]", l, e);
-    const nm_json *hist;
+    const json_t *hist;
     nm_status st = nm_json_get_arr(obj, "hist", &hist, where, err);
     if (st != NM_OK) return st;
     int64_t *h = c->hist + ((size_t)l * (size_t)c->n_expert + (size_t)e) * (size_t)(c->chunk + 1);
     int64_t total = 0, prev = -1;
-    for (size_t i = 0; i < nm_json_len(hist); i++) {
-        const nm_json *pair = nm_json_at(hist, i);
+    for (size_t i = 0; i < json_array_size(hist); i++) {
+        const json_t *pair = json_array_get(hist, i);
         char at[112];
         snprintf(at, sizeof at, "%s.hist[%zu]", where, i);
-        if (nm_json_type_of(pair) != NM_JSON_ARRAY || nm_json_len(pair) != 2)
+        if (!json_is_array(pair) || json_array_size(pair) != 2)
             return nm_errorf(err, NM_ERR_FORMAT, "%s: expected a pair [load, count]", at);
         int64_t load, count;
-        if ((st = nm_json_as_int(nm_json_at(pair, 0), 0, c->chunk, &load, at, err)) ||
-            (st = nm_json_as_int(nm_json_at(pair, 1), 1, NM_CALIB_MAX_CHUNKS, &count, at, err)))
+        if ((st = nm_json_as_int(json_array_get(pair, 0), 0, c->chunk, &load, at, err)) ||
+            (st = nm_json_as_int(json_array_get(pair, 1), 1, NM_CALIB_MAX_CHUNKS, &count, at, err)))
             return st;
         if (load <= prev)
             return nm_errorf(err, NM_ERR_FORMAT,
@@ -367,18 +350,18 @@ static nm_status read_expert(const nm_json *obj, nm_calib *c, int32_t l, int32_t
      * per rank up to the largest load; it cannot grow with r, since each
      * chunk's weights are sorted and fewer chunks reach a higher rank (the
      * tolerance covers the rounding of sums over different chunks) */
-    const nm_json *ranked;
+    const json_t *ranked;
     if ((st = nm_json_get_arr(obj, "ranked", &ranked, where, err))) return st;
     const int32_t max = nm_calib_max(c, l, e);
-    if (nm_json_len(ranked) != (size_t)max)
+    if (json_array_size(ranked) != (size_t)max)
         return nm_errorf(err, NM_ERR_FORMAT,
                          "%s.ranked: %zu entries, expected one per rank up to the largest load, %d",
-                         where, nm_json_len(ranked), max);
+                         where, json_array_size(ranked), max);
     double *rk = ranked_row(c, l, e);
     for (int32_t r = 0; r < max; r++) {
         char at[112];
         snprintf(at, sizeof at, "%s.ranked[%d]", where, r);
-        if ((st = nm_json_as_num(nm_json_at(ranked, (size_t)r), 0, 1e18, &rk[r], at, err)))
+        if ((st = nm_json_as_num(json_array_get(ranked, (size_t)r), 0, 1e18, &rk[r], at, err)))
             return st;
         if (r > 0 && rk[r] > rk[r - 1] * (1 + 1e-9) + 1e-12)
             return nm_errorf(err, NM_ERR_FORMAT,
@@ -412,7 +395,7 @@ static nm_status read_expert(const nm_json *obj, nm_calib *c, int32_t l, int32_t
 
 /* Shape first (so nothing is allocated for a file that lies about it),
  * then every histogram. */
-static nm_status read_calib(const nm_json *root, void *ctx, nm_error *err) {
+static nm_status read_calib(const json_t *root, void *ctx, nm_error *err) {
     nm_calib **out = ctx;
     nm_status st = nm_plan_json_header(root, NM_CALIB_FORMAT, NM_CALIB_FILE_VERSION,
                                        "recalibrate with `npumoe calibrate` (the planner needs "
@@ -421,7 +404,7 @@ static nm_status read_calib(const nm_json *root, void *ctx, nm_error *err) {
     if (st != NM_OK) return st;
     nm_fingerprint fp;
     int64_t chunk, k, n_layer, n_expert, n_chunks, n_tokens;
-    const nm_json *layers;
+    const json_t *layers;
     if ((st = nm_plan_json_fingerprint(root, &fp, err)) ||
         (st = nm_json_get_int(root, "chunk", 1, NM_PLAN_MAX_CHUNK, &chunk, NULL, err)) ||
         (st = nm_json_get_int(root, "n_layer", 1, NM_PLAN_MAX_LAYERS, &n_layer, NULL, err)) ||
@@ -432,20 +415,20 @@ static nm_status read_calib(const nm_json *root, void *ctx, nm_error *err) {
              nm_json_get_int(root, "n_tokens", n_chunks, n_chunks * chunk, &n_tokens, NULL, err)) ||
         (st = nm_json_get_arr(root, "layers", &layers, NULL, err)))
         return st;
-    if (nm_json_len(layers) != (size_t)n_layer)
+    if (json_array_size(layers) != (size_t)n_layer)
         return nm_errorf(err, NM_ERR_FORMAT, "layers: %zu entries, n_layer is %lld",
-                         nm_json_len(layers), (long long)n_layer);
+                         json_array_size(layers), (long long)n_layer);
     for (int32_t l = 0; l < n_layer; l++) {
         char where[32];
         snprintf(where, sizeof where, "layers[%d]", l);
-        const nm_json *experts;
-        if ((st = nm_json_get_arr(nm_json_at(layers, (size_t)l), "experts", &experts, where, err)))
+        const json_t *experts;
+        if ((st = nm_json_get_arr(json_array_get(layers, (size_t)l), "experts", &experts, where, err)))
             return st;
-        if (nm_json_len(experts) != (size_t)n_expert)
+        if (json_array_size(experts) != (size_t)n_expert)
             return nm_errorf(err, NM_ERR_FORMAT, "%s.experts: %zu entries, n_expert is %lld", where,
-                             nm_json_len(experts), (long long)n_expert);
+                             json_array_size(experts), (long long)n_expert);
         for (int32_t e = 0; e < n_expert; e++)
-            if (nm_json_type_of(nm_json_at(experts, (size_t)e)) != NM_JSON_OBJECT)
+            if (!json_is_object(json_array_get(experts, (size_t)e)))
                 return nm_errorf(err, NM_ERR_FORMAT, "%s.experts[%d]: expected an object", where,
                                  e);
     }
@@ -457,10 +440,10 @@ static nm_status read_calib(const nm_json *root, void *ctx, nm_error *err) {
     c->n_chunks = n_chunks;
     c->n_tokens = n_tokens;
     for (int32_t l = 0; l < c->n_layer && st == NM_OK; l++) {
-        const nm_json *experts = nm_json_get(nm_json_at(layers, (size_t)l), "experts");
+        const json_t *experts = json_object_get(json_array_get(layers, (size_t)l), "experts");
         uint64_t assignments = 0;
         for (int32_t e = 0; e < c->n_expert && st == NM_OK; e++)
-            st = read_expert(nm_json_at(experts, (size_t)e), c, l, e, &assignments, err);
+            st = read_expert(json_array_get(experts, (size_t)e), c, l, e, &assignments, err);
         /* n_tokens * k <= 2^31 * 2^16 * 2^16: no overflow in uint64 */
         if (st == NM_OK && assignments != (uint64_t)n_tokens * (uint64_t)k)
             st = nm_errorf(err, NM_ERR_FORMAT,

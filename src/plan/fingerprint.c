@@ -21,7 +21,7 @@ bool nm_fingerprint_parse(const char *text, nm_fingerprint *out) {
     return true;
 }
 
-nm_status nm_plan_json_fingerprint(const nm_json *obj, nm_fingerprint *out, nm_error *err) {
+nm_status nm_plan_json_fingerprint(const json_t *obj, nm_fingerprint *out, nm_error *err) {
     const char *s;
     nm_status st = nm_json_get_str(obj, "fingerprint", &s, NULL, err);
     if (st != NM_OK) return st;
@@ -33,11 +33,11 @@ nm_status nm_plan_json_fingerprint(const nm_json *obj, nm_fingerprint *out, nm_e
 
 /* ---- files ---- */
 
-nm_status nm_plan_json_header(const nm_json *root, const char *format, int32_t version,
+nm_status nm_plan_json_header(const json_t *root, const char *format, int32_t version,
                               const char *older, nm_error *err) {
-    if (nm_json_type_of(root) != NM_JSON_OBJECT)
+    if (!json_is_object(root))
         return nm_errorf(err, NM_ERR_FORMAT, "expected a %s object, got %s", format,
-                         nm_json_type_name(nm_json_type_of(root)));
+                         nm_json_type_name(root));
     const char *got;
     nm_status st = nm_json_get_str(root, "format", &got, NULL, err);
     if (st != NM_OK) return st;
@@ -61,7 +61,13 @@ nm_status nm_plan_json_header(const nm_json *root, const char *format, int32_t v
 nm_status nm_plan_save_text(const char *path, nm_status st, char *text, size_t n_bytes,
                             nm_error *err) {
     if (st == NM_OK) {
-        st = nm_json_write_file(path, text, n_bytes, err); /* names the path itself */
+        nm_outfile o; /* its messages name the path */
+        st = nm_outfile_open(path, &o, err);
+        if (st == NM_OK) st = nm_outfile_write(&o, text, n_bytes, err);
+        if (st == NM_OK)
+            st = nm_outfile_commit(&o, err);
+        else
+            nm_outfile_abort(&o);
     } else {
         nm_error_prefix(err, "%s", path);
     }
@@ -69,16 +75,16 @@ nm_status nm_plan_save_text(const char *path, nm_status st, char *text, size_t n
     return st;
 }
 
-static nm_status run_reader(nm_json *root, nm_plan_reader read, void *ctx, const char *name,
+static nm_status run_reader(json_t *root, nm_plan_reader read, void *ctx, const char *name,
                             nm_error *err) {
     nm_status st = read(root, ctx, err);
-    nm_json_free(root);
+    json_decref(root);
     if (st != NM_OK) nm_error_prefix(err, "%s", name);
     return st;
 }
 
 nm_status nm_plan_read_file(const char *path, nm_plan_reader read, void *ctx, nm_error *err) {
-    nm_json *root = NULL;
+    json_t *root = NULL;
     nm_status st = nm_json_parse_file(path, &root, err); /* names the path itself */
     if (st != NM_OK) return st;
     return run_reader(root, read, ctx, path, err);
@@ -87,7 +93,7 @@ nm_status nm_plan_read_file(const char *path, nm_plan_reader read, void *ctx, nm
 nm_status nm_plan_read_memory(const char *text, size_t n_bytes, const char *name,
                               nm_plan_reader read, void *ctx, nm_error *err) {
     const char *label = name && *name ? name : "<memory>";
-    nm_json *root = NULL;
+    json_t *root = NULL;
     nm_status st = nm_json_parse(text, n_bytes, &root, err);
     if (st != NM_OK) {
         nm_error_prefix(err, "%s", label);

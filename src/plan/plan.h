@@ -140,7 +140,7 @@ nm_status nm_calib_check_shape(const nm_calib *calib, const nm_moe_shape *shape,
  * numbers of chunks (a recording stopped inside a forward pass).
  * nm_calib_save and nm_calib_load are public (npumoe.h); the same in memory: save hands out the document (the caller nm_free()s
  * *text; *n_bytes excludes its NUL); for load, name stands for the file in
- * messages. Files are written atomically (nm_json_write_file). */
+ * messages. Files are written atomically (nm_outfile). */
 nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_bytes, nm_error *err);
 nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *name, nm_calib **out,
                                nm_error *err);

@@ -13,92 +13,73 @@
  * most 2^28 groups (layers x experts) < 1e23. Anything beyond is garbage. */
 static const double max_cost_ms = 1e24;
 
-static void write_cost(nm_json_writer *w, const nm_plan_cost *c) {
-    nm_json_begin_object(w);
-    nm_json_key(w, "device_ms");
-    nm_json_write_num(w, c->device_ms);
-    nm_json_key(w, "host_ms");
-    nm_json_write_num(w, c->host_ms);
-    nm_json_key(w, "chunk_ms");
-    nm_json_write_num(w, c->chunk_ms);
-    nm_json_end_object(w);
+static json_t *cost_object(const nm_plan_cost *c) {
+    json_t *o = json_object();
+    bool ok = nm_json_put(o, "device_ms", nm_json_num(c->device_ms)) &&
+              nm_json_put(o, "host_ms", nm_json_num(c->host_ms)) &&
+              nm_json_put(o, "chunk_ms", nm_json_num(c->chunk_ms));
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* One layer's object: its budget, its groups, its cost; NULL when memory
+ * ran out. */
+static json_t *layer_object(const nm_plan *plan, int32_t l) {
+    const nm_moe_layer_plan *lp = &plan->moe.layers[l];
+    json_t *o = json_object(), *groups = json_array();
+    bool ok = nm_json_put(o, "budget_rows", json_integer(plan->budget_rows[l]));
+    ok = nm_json_put(o, "groups", groups) && ok;
+    for (int32_t g = 0; ok && g < lp->n_groups; g++) {
+        const nm_moe_group *grp = &lp->groups[g];
+        json_t *go = json_object(), *experts = json_array();
+        ok = nm_json_put(go, "tier", json_integer(grp->capacity));
+        ok = nm_json_put(go, "experts", experts) && ok;
+        ok = nm_json_push(groups, go) && ok;
+        for (int32_t i = 0; ok && i < grp->n_experts; i++)
+            ok = nm_json_push(experts, json_integer(grp->experts[i]));
+        ok = ok && nm_json_put(go, "device", json_boolean(grp->on_device));
+    }
+    ok = ok && nm_json_put(o, "cost", cost_object(&plan->layer_cost[l]));
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes, nm_error *err) {
     NM_ASSERT(plan && text && n_bytes);
     *text = NULL;
-    nm_json_writer *w = nm_json_writer_memory();
-    if (!w) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan's text");
     const nm_moe_plan *moe = &plan->moe;
-    nm_json_begin_object(w);
-    nm_json_key(w, "format");
-    nm_json_write_str(w, NM_PLAN_FORMAT);
-    nm_json_key(w, "version");
-    nm_json_write_int(w, NM_PLAN_FILE_VERSION);
-    nm_json_key(w, "fingerprint");
-    nm_json_write_str(w, plan->fingerprint.hex);
-    nm_json_key(w, "device");
-    nm_json_write_str(w, plan->device);
-    nm_json_key(w, "chunk");
-    nm_json_write_int(w, moe->chunk);
-    nm_json_key(w, "n_layer");
-    nm_json_write_int(w, moe->n_layer);
-    nm_json_key(w, "n_expert");
-    nm_json_write_int(w, moe->n_expert);
-    nm_json_key(w, "tiers");
-    nm_json_begin_array(w);
-    for (int32_t i = 0; i < plan->n_tiers; i++)
-        nm_json_write_int(w, plan->tiers[i]);
-    nm_json_end_array(w);
-    nm_json_key(w, "overflow");
-    nm_json_write_str(w, nm_overflow_name(moe->overflow));
-    nm_json_key(w, "salience");
-    nm_json_write_str(w, nm_salience_name(moe->salience));
-    nm_json_key(w, "objective");
-    nm_json_write_str(w, nm_plan_objective_name(plan->objective));
-    nm_json_key(w, "granule");
-    nm_json_write_int(w, plan->granule);
-    nm_json_key(w, "quantile");
-    nm_json_write_num(w, plan->quantile);
-    nm_json_key(w, "predicted_drop_rate");
-    nm_json_write_num(w, plan->predicted_drop_rate);
-    nm_json_key(w, "predicted_drop_weight");
-    nm_json_write_num(w, plan->predicted_drop_weight);
-    nm_json_key(w, "predicted_chunk_ms");
-    nm_json_write_num(w, plan->predicted_chunk_ms);
-    nm_json_key(w, "device_bytes");
-    nm_json_write_int(w, (int64_t)plan->device_bytes);
-    nm_json_key(w, "layers");
-    nm_json_begin_array(w);
-    for (int32_t l = 0; l < moe->n_layer; l++) {
-        const nm_moe_layer_plan *lp = &moe->layers[l];
-        nm_json_begin_object(w);
-        nm_json_key(w, "budget_rows");
-        nm_json_write_int(w, plan->budget_rows[l]);
-        nm_json_key(w, "groups");
-        nm_json_begin_array(w);
-        for (int32_t g = 0; g < lp->n_groups; g++) {
-            const nm_moe_group *grp = &lp->groups[g];
-            nm_json_begin_object(w);
-            nm_json_key(w, "tier");
-            nm_json_write_int(w, grp->capacity);
-            nm_json_key(w, "experts");
-            nm_json_begin_array(w);
-            for (int32_t i = 0; i < grp->n_experts; i++)
-                nm_json_write_int(w, grp->experts[i]);
-            nm_json_end_array(w);
-            nm_json_key(w, "device");
-            nm_json_write_bool(w, grp->on_device);
-            nm_json_end_object(w);
-        }
-        nm_json_end_array(w);
-        nm_json_key(w, "cost");
-        write_cost(w, &plan->layer_cost[l]);
-        nm_json_end_object(w);
-    }
-    nm_json_end_array(w);
-    nm_json_end_object(w);
-    return nm_json_writer_finish(w, text, n_bytes, err);
+    /* each container is attached before it is filled, so that freeing
+     * root frees everything whatever failed */
+    json_t *root = json_object(), *tiers = json_array(), *layers = json_array();
+    bool ok = nm_json_put(root, "format", json_string(NM_PLAN_FORMAT)) &&
+              nm_json_put(root, "version", json_integer(NM_PLAN_FILE_VERSION)) &&
+              nm_json_put(root, "fingerprint", json_string(plan->fingerprint.hex)) &&
+              nm_json_put(root, "device", json_string(plan->device)) &&
+              nm_json_put(root, "chunk", json_integer(moe->chunk)) &&
+              nm_json_put(root, "n_layer", json_integer(moe->n_layer)) &&
+              nm_json_put(root, "n_expert", json_integer(moe->n_expert));
+    ok = nm_json_put(root, "tiers", tiers) && ok;
+    for (int32_t i = 0; ok && i < plan->n_tiers; i++)
+        ok = nm_json_push(tiers, json_integer(plan->tiers[i]));
+    ok = ok && nm_json_put(root, "overflow", json_string(nm_overflow_name(moe->overflow))) &&
+         nm_json_put(root, "salience", json_string(nm_salience_name(moe->salience))) &&
+         nm_json_put(root, "objective", json_string(nm_plan_objective_name(plan->objective))) &&
+         nm_json_put(root, "granule", json_integer(plan->granule)) &&
+         nm_json_put(root, "quantile", nm_json_num(plan->quantile)) &&
+         nm_json_put(root, "predicted_drop_rate", nm_json_num(plan->predicted_drop_rate)) &&
+         nm_json_put(root, "predicted_drop_weight", nm_json_num(plan->predicted_drop_weight)) &&
+         nm_json_put(root, "predicted_chunk_ms", nm_json_num(plan->predicted_chunk_ms)) &&
+         nm_json_put(root, "device_bytes", json_integer((json_int_t)plan->device_bytes));
+    ok = nm_json_put(root, "layers", layers) && ok;
+    for (int32_t l = 0; ok && l < moe->n_layer; l++)
+        ok = nm_json_push(layers, layer_object(plan, l));
+    return nm_json_print(root, ok, "plan", text, n_bytes, err);
 }
 
 nm_status nm_plan_save(const nm_plan *plan, const char *path, nm_error *err) {
@@ -116,7 +97,7 @@ typedef struct read_ctx {
     nm_plan *plan;             /* being filled; freed by the caller on failure */
 } read_ctx;
 
-static nm_status read_policy(const nm_json *root, nm_plan *plan, nm_error *err) {
+static nm_status read_policy(const json_t *root, nm_plan *plan, nm_error *err) {
     const char *name;
     nm_status st = nm_json_get_str(root, "overflow", &name, NULL, err);
     if (st == NM_OK && (st = nm_overflow_parse(name, &plan->moe.overflow, err)) != NM_OK)
@@ -130,11 +111,11 @@ static nm_status read_policy(const nm_json *root, nm_plan *plan, nm_error *err) 
     return st;
 }
 
-static nm_status read_tiers(const nm_json *root, nm_plan *plan, nm_error *err) {
-    const nm_json *tiers;
+static nm_status read_tiers(const json_t *root, nm_plan *plan, nm_error *err) {
+    const json_t *tiers;
     nm_status st = nm_json_get_arr(root, "tiers", &tiers, NULL, err);
     if (st != NM_OK) return st;
-    const size_t n = nm_json_len(tiers);
+    const size_t n = json_array_size(tiers);
     if (n < 1 || n > NM_PLAN_MAX_TIERS)
         return nm_errorf(err, NM_ERR_FORMAT, "tiers: %zu entries, expected 1 to %d", n,
                          NM_PLAN_MAX_TIERS);
@@ -144,7 +125,7 @@ static nm_status read_tiers(const nm_json *root, nm_plan *plan, nm_error *err) {
         char where[24];
         snprintf(where, sizeof where, "tiers[%zu]", i);
         int64_t v;
-        st = nm_json_as_int(nm_json_at(tiers, i), 1, plan->moe.chunk, &v, where, err);
+        st = nm_json_as_int(json_array_get(tiers, i), 1, plan->moe.chunk, &v, where, err);
         if (st != NM_OK) return st;
         if (i > 0 && v <= plan->tiers[i - 1])
             return nm_errorf(err, NM_ERR_FORMAT, "%s: %lld after %d; tiers must be ascending",
@@ -157,7 +138,7 @@ static nm_status read_tiers(const nm_json *root, nm_plan *plan, nm_error *err) {
 
 /* The objective and its granule: a budgeted plan's tiers are the
  * multiples of the granule up to the chunk; a quantile plan has none. */
-static nm_status read_objective(const nm_json *root, nm_plan *plan, nm_error *err) {
+static nm_status read_objective(const json_t *root, nm_plan *plan, nm_error *err) {
     const char *name;
     int64_t granule;
     nm_status st = nm_json_get_str(root, "objective", &name, NULL, err);
@@ -189,11 +170,11 @@ static nm_status read_objective(const nm_json *root, nm_plan *plan, nm_error *er
     return NM_OK;
 }
 
-static nm_status read_cost(const nm_json *layer, int32_t l, nm_plan_cost *c, nm_error *err) {
+static nm_status read_cost(const json_t *layer, int32_t l, nm_plan_cost *c, nm_error *err) {
     char at[24], where[32];
     snprintf(at, sizeof at, "layers[%d]", l);
     snprintf(where, sizeof where, "layers[%d].cost", l);
-    const nm_json *cost;
+    const json_t *cost;
     nm_status st;
     if ((st = nm_json_get_obj(layer, "cost", &cost, at, err))) return st;
     if ((st = nm_json_get_num(cost, "device_ms", 0, max_cost_ms, &c->device_ms, where, err)) ||
@@ -207,12 +188,12 @@ static nm_status read_cost(const nm_json *layer, int32_t l, nm_plan_cost *c, nm_
     return NM_OK;
 }
 
-static nm_status read_group(const nm_json *obj, int32_t l, int32_t g, nm_plan *plan,
+static nm_status read_group(const json_t *obj, int32_t l, int32_t g, nm_plan *plan,
                             nm_moe_group *grp, nm_error *err) {
     char where[48];
     snprintf(where, sizeof where, "layers[%d].groups[%d]", l, g);
     int64_t tier;
-    const nm_json *experts;
+    const json_t *experts;
     nm_status st;
     if ((st = nm_json_get_int(obj, "tier", 1, plan->moe.chunk, &tier, where, err)) ||
         (st = nm_json_get_arr(obj, "experts", &experts, where, err)) ||
@@ -225,7 +206,7 @@ static nm_status read_group(const nm_json *obj, int32_t l, int32_t g, nm_plan *p
         return nm_errorf(err, NM_ERR_FORMAT, "%s.tier: %lld is not one of the plan's tiers", where,
                          (long long)tier);
     grp->capacity = (int32_t)tier;
-    const size_t n = nm_json_len(experts);
+    const size_t n = json_array_size(experts);
     if (n < 1 || n > (size_t)plan->moe.n_expert)
         return nm_errorf(err, NM_ERR_FORMAT, "%s.experts: %zu entries, expected 1 to n_expert %d",
                          where, n, plan->moe.n_expert);
@@ -235,7 +216,7 @@ static nm_status read_group(const nm_json *obj, int32_t l, int32_t g, nm_plan *p
         char at[96];
         snprintf(at, sizeof at, "%s.experts[%zu]", where, i);
         int64_t e;
-        st = nm_json_as_int(nm_json_at(experts, i), 0, plan->moe.n_expert - 1, &e, at, err);
+        st = nm_json_as_int(json_array_get(experts, i), 0, plan->moe.n_expert - 1, &e, at, err);
         if (st != NM_OK) return st;
         grp->experts[i] = (int32_t)e;
         grp->n_experts++;
@@ -245,7 +226,7 @@ static nm_status read_group(const nm_json *obj, int32_t l, int32_t g, nm_plan *p
 
 /* A layer's budget, and its groups' rows within it; a budgeted plan's
  * tiers are the multiples of its granule. */
-static nm_status read_budget(const nm_json *layer, int32_t l, nm_plan *plan, nm_error *err) {
+static nm_status read_budget(const json_t *layer, int32_t l, nm_plan *plan, nm_error *err) {
     char where[24];
     snprintf(where, sizeof where, "layers[%d]", l);
     const nm_moe_layer_plan *lp = &plan->moe.layers[l];
@@ -264,15 +245,15 @@ static nm_status read_budget(const nm_json *layer, int32_t l, nm_plan *plan, nm_
     return NM_OK;
 }
 
-static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err) {
+static nm_status read_layers(const json_t *layers, nm_plan *plan, nm_error *err) {
     nm_status st = NM_OK;
     double sum = 0;
     for (int32_t l = 0; l < plan->moe.n_layer; l++) {
         char where[24];
         snprintf(where, sizeof where, "layers[%d]", l);
-        const nm_json *layer = nm_json_at(layers, (size_t)l), *groups;
+        const json_t *layer = json_array_get(layers, (size_t)l), *groups;
         if ((st = nm_json_get_arr(layer, "groups", &groups, where, err))) return st;
-        const size_t n = nm_json_len(groups);
+        const size_t n = json_array_size(groups);
         if (n < 1 || n > (size_t)plan->moe.n_expert)
             return nm_errorf(err, NM_ERR_FORMAT,
                              "%s.groups: %zu groups, expected 1 to n_expert %d (a group has at "
@@ -284,7 +265,7 @@ static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err
         for (size_t g = 0; g < n; g++) {
             /* counted first so nm_plan_free releases a half-read group */
             lp->n_groups++;
-            st = read_group(nm_json_at(groups, g), l, (int32_t)g, plan, &lp->groups[g], err);
+            st = read_group(json_array_get(groups, g), l, (int32_t)g, plan, &lp->groups[g], err);
             if (st != NM_OK) return st;
         }
         if ((st = read_cost(layer, l, &plan->layer_cost[l], err)) ||
@@ -304,7 +285,7 @@ static nm_status read_layers(const nm_json *layers, nm_plan *plan, nm_error *err
     return st;
 }
 
-static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
+static nm_status read_plan(const json_t *root, void *vctx, nm_error *err) {
     read_ctx *ctx = vctx;
     nm_status st = nm_plan_json_header(root, NM_PLAN_FORMAT, NM_PLAN_FILE_VERSION,
                                        "make the plan again with `npumoe plan`", err);
@@ -318,7 +299,7 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
                          fp.hex, ctx->shape->fingerprint.hex);
     const char *device;
     int64_t chunk, n_layer, n_expert, device_bytes;
-    const nm_json *layers;
+    const json_t *layers;
     if ((st = nm_json_get_str(root, "device", &device, NULL, err))) return st;
     if (device[0] == '\0' || strlen(device) >= sizeof ctx->plan->device)
         return nm_errorf(err, NM_ERR_FORMAT, "device: expected a name of 1 to %zu bytes",
@@ -352,9 +333,9 @@ static nm_status read_plan(const nm_json *root, void *vctx, nm_error *err) {
     if (plan->quantile <= 0)
         return nm_errorf(err, NM_ERR_FORMAT, "quantile: expected a number in (0, 1], got 0");
     plan->device_bytes = (uint64_t)device_bytes;
-    if (nm_json_len(layers) != (size_t)n_layer)
+    if (json_array_size(layers) != (size_t)n_layer)
         return nm_errorf(err, NM_ERR_FORMAT, "layers: %zu entries, n_layer is %lld",
-                         nm_json_len(layers), (long long)n_layer);
+                         json_array_size(layers), (long long)n_layer);
     plan->moe.layers = nm_calloc((size_t)n_layer, sizeof *plan->moe.layers);
     plan->layer_cost = nm_calloc((size_t)n_layer, sizeof *plan->layer_cost);
     plan->budget_rows = nm_calloc((size_t)n_layer, sizeof *plan->budget_rows);

@@ -94,46 +94,29 @@ nm_status nm_profile_save_memory(const nm_profile *p, char **text, size_t *n_byt
         nm_error_prefix(err, "not saving an invalid profile");
         return st;
     }
-    nm_json_writer *w = nm_json_writer_memory();
-    if (!w) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a profile's text");
-    nm_json_begin_object(w);
-    nm_json_key(w, "format");
-    nm_json_write_str(w, NM_PROFILE_FORMAT);
-    nm_json_key(w, "version");
-    nm_json_write_int(w, NM_PROFILE_FILE_VERSION);
-    nm_json_key(w, "device");
-    nm_json_write_str(w, p->device);
-    nm_json_key(w, "d_model");
-    nm_json_write_int(w, p->d_model);
-    nm_json_key(w, "d_ff");
-    nm_json_write_int(w, p->d_ff);
-    nm_json_key(w, "weight_type");
-    nm_json_write_str(w, nm_dtype_name(p->weight_type));
-    nm_json_key(w, "dispatch_ms");
-    nm_json_write_num(w, p->dispatch_ms);
-    nm_json_key(w, "host_row_ms");
-    nm_json_write_num(w, p->host_row_ms);
-    nm_json_key(w, "host_expert_ms");
-    nm_json_write_num(w, p->host_expert_ms);
-    nm_json_key(w, "chunk");
-    nm_json_write_int(w, p->chunk);
-    nm_json_key(w, "host_overhead_ms");
-    nm_json_write_num(w, p->host_overhead_ms);
-    nm_json_key(w, "points");
-    nm_json_begin_array(w);
-    for (int32_t i = 0; i < p->n_points; i++) {
-        nm_json_begin_object(w);
-        nm_json_key(w, "n_experts");
-        nm_json_write_int(w, p->points[i].n_experts);
-        nm_json_key(w, "capacity");
-        nm_json_write_int(w, p->points[i].capacity);
-        nm_json_key(w, "graph_ms");
-        nm_json_write_num(w, p->points[i].graph_ms);
-        nm_json_end_object(w);
+    /* each container is attached before it is filled, so that freeing
+     * root frees everything whatever failed */
+    json_t *root = json_object(), *points = json_array();
+    bool ok = nm_json_put(root, "format", json_string(NM_PROFILE_FORMAT)) &&
+              nm_json_put(root, "version", json_integer(NM_PROFILE_FILE_VERSION)) &&
+              nm_json_put(root, "device", json_string(p->device)) &&
+              nm_json_put(root, "d_model", json_integer(p->d_model)) &&
+              nm_json_put(root, "d_ff", json_integer(p->d_ff)) &&
+              nm_json_put(root, "weight_type", json_string(nm_dtype_name(p->weight_type))) &&
+              nm_json_put(root, "dispatch_ms", nm_json_num(p->dispatch_ms)) &&
+              nm_json_put(root, "host_row_ms", nm_json_num(p->host_row_ms)) &&
+              nm_json_put(root, "host_expert_ms", nm_json_num(p->host_expert_ms)) &&
+              nm_json_put(root, "chunk", json_integer(p->chunk)) &&
+              nm_json_put(root, "host_overhead_ms", nm_json_num(p->host_overhead_ms));
+    ok = nm_json_put(root, "points", points) && ok;
+    for (int32_t i = 0; ok && i < p->n_points; i++) {
+        json_t *pt = json_object();
+        ok = nm_json_push(points, pt) &&
+             nm_json_put(pt, "n_experts", json_integer(p->points[i].n_experts)) &&
+             nm_json_put(pt, "capacity", json_integer(p->points[i].capacity)) &&
+             nm_json_put(pt, "graph_ms", nm_json_num(p->points[i].graph_ms));
     }
-    nm_json_end_array(w);
-    nm_json_end_object(w);
-    return nm_json_writer_finish(w, text, n_bytes, err);
+    return nm_json_print(root, ok, "profile", text, n_bytes, err);
 }
 
 nm_status nm_profile_save(const nm_profile *p, const char *path, nm_error *err) {
@@ -144,7 +127,7 @@ nm_status nm_profile_save(const nm_profile *p, const char *path, nm_error *err) 
     return nm_plan_save_text(path, st, text, n_bytes, err);
 }
 
-static nm_status read_weight_type(const nm_json *root, uint32_t *out, nm_error *err) {
+static nm_status read_weight_type(const json_t *root, uint32_t *out, nm_error *err) {
     const char *name;
     nm_status st = nm_json_get_str(root, "weight_type", &name, NULL, err);
     if (st != NM_OK) return st;
@@ -161,13 +144,13 @@ static nm_status read_weight_type(const nm_json *root, uint32_t *out, nm_error *
                      name);
 }
 
-static nm_status read_profile(const nm_json *root, void *ctx, nm_error *err) {
+static nm_status read_profile(const json_t *root, void *ctx, nm_error *err) {
     nm_profile *p = ctx;
     nm_status st = nm_plan_json_header(root, NM_PROFILE_FORMAT, NM_PROFILE_FILE_VERSION,
                                        "measure the device again with `npumoe profile`", err);
     if (st != NM_OK) return st;
     const char *device;
-    const nm_json *points;
+    const json_t *points;
     int64_t d_model, d_ff, chunk;
     if ((st = nm_json_get_str(root, "device", &device, NULL, err))) return st;
     if (device[0] == '\0' || strlen(device) >= sizeof p->device)
@@ -188,12 +171,12 @@ static nm_status read_profile(const nm_json *root, void *ctx, nm_error *err) {
     p->d_model = d_model;
     p->d_ff = d_ff;
     p->chunk = (int32_t)chunk;
-    const size_t n = nm_json_len(points);
+    const size_t n = json_array_size(points);
     if (n < 1 || n > INT32_MAX) return nm_errorf(err, NM_ERR_FORMAT, "points: expected 1 or more");
     p->points = nm_calloc(n, sizeof *p->points);
     if (!p->points) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for %zu points", n);
     for (size_t i = 0; i < n; i++) {
-        const nm_json *pt = nm_json_at(points, i);
+        const json_t *pt = json_array_get(points, i);
         char where[32];
         snprintf(where, sizeof where, "points[%zu]", i);
         int64_t n_experts, capacity;

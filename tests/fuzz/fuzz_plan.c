@@ -1,4 +1,6 @@
-/* libFuzzer target for the plan part's readers: any bytes go through the
+/* libFuzzer target for the plan part's readers: any bytes go through its
+ * JSON layer over jansson (refused with a positioned message, or a tree
+ * every typed getter can walk and that prints and parses back equal), the
  * calibration, profile and plan loaders (the plan both against the tiny
  * model and without a model). Whatever loads must hold what the loader
  * promises (histograms summing to n_chunks, summaries within the data,
@@ -10,6 +12,7 @@
 #include "base/base.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "plan/plan-impl.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
 
@@ -238,7 +241,75 @@ static void fuzz_plan(const uint8_t *data, size_t size, const nm_model *m) {
     nm_plan_free(p);
 }
 
+/* Visits every value and asks every getter of every member. */
+static void walk(const json_t *v) {
+    nm_error err;
+    const bool is_obj = json_is_object(v);
+    const size_t n = is_obj ? json_object_size(v) : json_array_size(v);
+    void *it = is_obj ? json_object_iter((json_t *)v) : NULL;
+    for (size_t i = 0; i < n; i++, it = is_obj ? json_object_iter_next((json_t *)v, it) : NULL) {
+        const json_t *item = is_obj ? json_object_iter_value(it) : json_array_get(v, i);
+        require(item != NULL, "every member and element is there");
+        int64_t i64;
+        double d;
+        if (nm_json_as_int(item, -1000, 1000, &i64, "v", &err) == NM_OK)
+            require(i64 >= -1000 && i64 <= 1000 && json_number_value(item) == (double)i64,
+                    "an integer in range");
+        if (nm_json_as_num(item, -1, 1, &d, "v", &err) == NM_OK)
+            require(d >= -1 && d <= 1 && isfinite(d), "a number in range");
+        if (json_is_string(item))
+            require(strlen(json_string_value(item)) == json_string_length(item),
+                    "strings hold no NUL");
+        if (is_obj) {
+            const char *key = json_object_iter_key(it);
+            require(json_object_get(v, key) == item, "a key finds its own member");
+            const char *s;
+            bool b;
+            const json_t *c;
+            nm_status st[6] = {
+                nm_json_get_int(v, key, INT64_MIN, INT64_MAX, &i64, "w", &err),
+                nm_json_get_num(v, key, -INFINITY, INFINITY, &d, "w", &err),
+                nm_json_get_str(v, key, &s, "w", &err),
+                nm_json_get_bool(v, key, &b, "w", &err),
+                nm_json_get_arr(v, key, &c, "w", &err),
+                nm_json_get_obj(v, key, &c, "w", &err),
+            };
+            for (int k = 0; k < 6; k++)
+                require(st[k] == NM_OK || st[k] == NM_ERR_FORMAT, "a getter's status");
+        }
+        walk(item);
+    }
+}
+
+/* Any input parses or is refused with a position; what parses prints and
+ * parses back to an equal tree, and prints the same again. */
+static void fuzz_tree(const uint8_t *data, size_t size) {
+    json_t *v = NULL;
+    nm_error err;
+    nm_status st = nm_json_parse((const char *)data, size, &v, &err);
+    if (st != NM_OK) {
+        require(v == NULL && st == NM_ERR_FORMAT && strncmp(err.msg, "line ", 5) == 0,
+                "a positioned refusal");
+        for (const char *c = err.msg; *c; c++)
+            require((unsigned char)*c >= 0x20 && *c != 0x7F, "no control characters");
+        return;
+    }
+    walk(v);
+    char *t1 = NULL, *t2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    require(nm_json_print(json_incref(v), true, "tree", &t1, &n1, &err) == NM_OK, err.msg);
+    json_t *back = NULL;
+    require(nm_json_parse(t1, n1, &back, &err) == NM_OK, err.msg);
+    require(json_equal(v, back), "printed and parsed back equal");
+    require(nm_json_print(back, true, "tree", &t2, &n2, &err) == NM_OK, err.msg);
+    require(n1 == n2 && memcmp(t1, t2, n1) == 0, "printed the same again");
+    nm_free(t1);
+    nm_free(t2);
+    json_decref(v);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_tree(data, size);
     fuzz_calib(data, size);
     fuzz_profile(data, size);
     fuzz_plan(data, size, model);
