@@ -153,28 +153,36 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
             device, b->chunk, b->reps);
 }
 
-static void write_json(FILE *f, const bench *b, const char *device) {
-    fprintf(f, "{\"device\":\"%s\",\"chunk\":%d,\"reps\":%d,\"results\":[", device, b->chunk,
-            b->reps);
-    for (int li = 0; li < b->n_lengths; li++)
-        for (int mi = 0; mi < b->n_modes; mi++) {
+static int write_json(FILE *f, const bench *b, const char *device) {
+    json_t *results = json_array();
+    bool ok = results != NULL;
+    for (int li = 0; ok && li < b->n_lengths; li++)
+        for (int mi = 0; ok && mi < b->n_modes; mi++) {
             const cell *c = at(b, li, mi);
             const nm_moe_layer_metrics *m = &c->total;
-            fprintf(f,
-                    "%s{\"prompt\":%d,\"mode\":\"%s\",\"ttft_ms\":%.3f,\"ttft_min_ms\":%.3f,"
-                    "\"ttft_max_ms\":%.3f,\"host_cpu_ms\":%.3f,\"dispatches\":%llu,\"chunks\":%llu,"
-                    "\"graphs_compiled\":%llu,\"device_busy_ms\":%.3f,\"padding_waste\":%.6f,"
-                    "\"drop_rate\":%.6f,\"spill_rate\":%.6f,\"moe_ms_per_chunk\":%.4f}",
-                    li + mi ? "," : "", b->lengths[li], nm_mode_name(b->modes[mi]),
-                    median(c->ttft_ms, b->reps), minimum(c->ttft_ms, b->reps),
-                    maximum(c->ttft_ms, b->reps), median(c->cpu_ms, b->reps),
-                    (unsigned long long)m->dispatches, (unsigned long long)m->chunks,
-                    (unsigned long long)c->graphs_compiled, c->device_busy_ms,
-                    ratio(m->reserved_rows - m->device_rows, m->reserved_rows),
-                    ratio(m->dropped, m->assignments), ratio(m->spilled, m->assignments),
-                    moe_ms_per_chunk(b, c));
+            json_t *r = json_pack(
+                "{s:i, s:s, s:o, s:o, s:o, s:o, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o}", "prompt",
+                b->lengths[li], "mode", nm_mode_name(b->modes[mi]), "ttft_ms",
+                json_fixed(median(c->ttft_ms, b->reps), 3), "ttft_min_ms",
+                json_fixed(minimum(c->ttft_ms, b->reps), 3), "ttft_max_ms",
+                json_fixed(maximum(c->ttft_ms, b->reps), 3), "host_cpu_ms",
+                json_fixed(median(c->cpu_ms, b->reps), 3), "dispatches",
+                (json_int_t)m->dispatches, "chunks", (json_int_t)m->chunks, "graphs_compiled",
+                (json_int_t)c->graphs_compiled, "device_busy_ms", json_fixed(c->device_busy_ms, 3),
+                "padding_waste", json_fixed(ratio(m->reserved_rows - m->device_rows, m->reserved_rows), 6),
+                "drop_rate", json_fixed(ratio(m->dropped, m->assignments), 6), "spill_rate",
+                json_fixed(ratio(m->spilled, m->assignments), 6), "moe_ms_per_chunk",
+                json_fixed(moe_ms_per_chunk(b, c), 4));
+            ok = json_array_append_new(results, r) == 0;
         }
-    fprintf(f, "],\"predicted_chunk_ms\":%.4f}\n", predicted_chunk_ms(b));
+    if (!ok) {
+        json_decref(results);
+        results = NULL;
+    }
+    json_t *doc = json_pack("{s:s, s:i, s:i, s:o, s:o}", "device", device, "chunk", b->chunk,
+                            "reps", b->reps, "results", results, "predicted_chunk_ms",
+                            json_fixed(predicted_chunk_ms(b), 4));
+    return print_json(f, doc, JSON_COMPACT); /* one line, after the table on stdout */
 }
 
 /* A round step (1, 2 or 5 times a power of ten) that covers [0, max] in at
@@ -260,20 +268,29 @@ static void write_svg(FILE *f, const bench *b, const char *device) {
 }
 
 static int write_report(const char *prefix, const char *ext, const bench *b, const char *device,
-                        void (*writer)(FILE *, const bench *, const char *)) {
+                        int (*writer)(FILE *, const bench *, const char *)) {
     char path[4096];
     snprintf(path, sizeof path, "%s.%s", prefix, ext);
     nm_error err = {0};
     nm_outfile out;
     nm_status st = nm_outfile_open(path, &out, &err);
-    if (st == NM_OK) {
-        writer(out.f, b, device);
-        st = nm_outfile_commit(&out, &err);
+    if (st == NM_OK && writer(out.f, b, device) != 0) { /* it said why */
+        nm_outfile_abort(&out);
+        return 1;
     }
+    if (st == NM_OK) st = nm_outfile_commit(&out, &err);
     return st == NM_OK ? 0 : fail_err(&err);
 }
 
-static void svg_writer(FILE *f, const bench *b, const char *device) { write_svg(f, b, device); }
+static int md_writer(FILE *f, const bench *b, const char *device) {
+    write_markdown(f, b, device);
+    return 0;
+}
+
+static int svg_writer(FILE *f, const bench *b, const char *device) {
+    write_svg(f, b, device);
+    return 0;
+}
 
 /* Every mode prefills the first L tokens once per repetition. */
 static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int li,
@@ -396,9 +413,9 @@ int cmd_bench(nm_model *model, const cli_options *o) {
         rc = fail_err(&err);
     } else {
         write_markdown(stdout, &b, device);
-        if (o->json) write_json(stdout, &b, device);
-        if (o->output)
-            rc = write_report(o->output, "md", &b, device, write_markdown) ||
+        if (o->json) rc = write_json(stdout, &b, device);
+        if (o->output && rc == 0)
+            rc = write_report(o->output, "md", &b, device, md_writer) ||
                  write_report(o->output, "json", &b, device, write_json) ||
                  write_report(o->output, "svg", &b, device, svg_writer);
     }

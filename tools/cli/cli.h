@@ -7,6 +7,7 @@
 
 #include "npumoe.h"
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -17,9 +18,25 @@ double now_s(void);
 /* User+sys CPU time of the whole process, seconds. */
 double cpu_s(void);
 /* The MoE metrics of a run: mode, dispatches, graphs, waste, drops, spills,
- * device busy time; JSON adds the per-layer breakdown. */
+ * device busy time; JSON adds the per-layer breakdown (NULL when memory ran
+ * out). */
 void print_metrics_text(FILE *f, const nm_session_metrics *m);
-void print_metrics_json(FILE *f, const nm_session_metrics *m);
+json_t *metrics_json(const nm_session_metrics *m);
+
+/* The command's JSON reports are built and printed by jansson, as the
+ * library's files are. json_fixed: v rounded to that many decimals (a
+ * measurement's meaningful digits; null when v is not finite); json_text:
+ * bytes as a string, those that are not UTF-8 becoming U+FFFD; json_ids:
+ * an array of token ids. Each returns NULL when memory runs out, which
+ * json_pack's "o" turns into a NULL document. */
+json_t *json_fixed(double v, int decimals);
+json_t *json_text(const char *s, size_t n);
+json_t *json_ids(const int32_t *ids, size_t n);
+/* Prints doc and a newline to f (flags: JSON_COMPACT or JSON_INDENT(n)),
+ * doubles with 15 significant digits; frees doc. Returns 0, or prints
+ * "npumoe: out of memory ..." and returns 1 when doc is NULL or printing
+ * failed. */
+int print_json(FILE *f, json_t *doc, size_t flags);
 char *read_text_file(const char *path, size_t *n_bytes, nm_error *err);
 int32_t *parse_token_list(const char *text, int32_t n_vocab, size_t *n_out, nm_error *err);
 /* The prompt of -p, -f or --tokens as ids (caller frees). */

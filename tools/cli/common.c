@@ -3,7 +3,10 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -68,33 +71,89 @@ void print_overflow_prediction(FILE *f, const nm_plan *plan, const nm_moe_layer_
                 100.0 * (t->weight > 0 ? t->dropped_weight / t->weight : 0.0));
 }
 
-static void layer_json(FILE *f, const nm_moe_layer_metrics *l) {
-    fprintf(f,
-            "{\"chunks\":%llu,\"assignments\":%llu,\"dropped\":%llu,\"spilled\":%llu,"
-            "\"host_rows\":%llu,\"device_rows\":%llu,\"reserved_rows\":%llu,\"dispatches\":%llu,"
-            "\"padding_waste\":%.6f,\"drop_rate\":%.6f,\"spill_rate\":%.6f,"
-            "\"dropped_weight\":%.6f,\"host_ms\":%.3f,\"wait_ms\":%.3f}",
-            (unsigned long long)l->chunks, (unsigned long long)l->assignments,
-            (unsigned long long)l->dropped, (unsigned long long)l->spilled,
-            (unsigned long long)l->host_rows, (unsigned long long)l->device_rows,
-            (unsigned long long)l->reserved_rows, (unsigned long long)l->dispatches,
-            ratio(l->reserved_rows - l->device_rows, l->reserved_rows),
-            ratio(l->dropped, l->assignments), ratio(l->spilled, l->assignments),
-            l->weight > 0 ? l->dropped_weight / l->weight : 0.0, (double)l->host_ns * 1e-6,
-            (double)l->wait_ns * 1e-6);
+static json_t *layer_json(const nm_moe_layer_metrics *l) {
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o}",
+                     "chunks", (json_int_t)l->chunks, "assignments", (json_int_t)l->assignments,
+                     "dropped", (json_int_t)l->dropped, "spilled", (json_int_t)l->spilled,
+                     "host_rows", (json_int_t)l->host_rows, "device_rows",
+                     (json_int_t)l->device_rows, "reserved_rows", (json_int_t)l->reserved_rows,
+                     "dispatches", (json_int_t)l->dispatches, "padding_waste",
+                     json_fixed(ratio(l->reserved_rows - l->device_rows, l->reserved_rows), 6),
+                     "drop_rate", json_fixed(ratio(l->dropped, l->assignments), 6), "spill_rate",
+                     json_fixed(ratio(l->spilled, l->assignments), 6), "dropped_weight",
+                     json_fixed(l->weight > 0 ? l->dropped_weight / l->weight : 0.0, 6),
+                     "host_ms", json_fixed((double)l->host_ns * 1e-6, 3), "wait_ms",
+                     json_fixed((double)l->wait_ns * 1e-6, 3));
 }
 
-void print_metrics_json(FILE *f, const nm_session_metrics *m) {
-    fprintf(f, "{\"mode\":\"%s\",\"device_busy_ms\":%.3f,\"graphs_compiled\":%llu,\"total\":",
-            nm_mode_name(m->mode), (double)m->device.busy_ns * 1e-6,
-            (unsigned long long)m->device.graphs_compiled);
-    layer_json(f, &m->total);
-    fprintf(f, ",\"layers\":[");
-    for (int32_t l = 0; l < m->n_layer; l++) {
-        if (l) fputc(',', f);
-        layer_json(f, &m->layers[l]);
+json_t *metrics_json(const nm_session_metrics *m) {
+    json_t *layers = json_array();
+    bool ok = layers != NULL;
+    for (int32_t l = 0; ok && l < m->n_layer; l++)
+        ok = json_array_append_new(layers, layer_json(&m->layers[l])) == 0;
+    if (!ok) {
+        json_decref(layers);
+        return NULL;
     }
-    fprintf(f, "]}");
+    return json_pack("{s:s, s:o, s:I, s:o, s:o}", "mode", nm_mode_name(m->mode), "device_busy_ms",
+                     json_fixed((double)m->device.busy_ns * 1e-6, 3), "graphs_compiled",
+                     (json_int_t)m->device.graphs_compiled, "total", layer_json(&m->total),
+                     "layers", layers);
+}
+
+json_t *json_fixed(double v, int decimals) {
+    if (!isfinite(v)) return json_null();
+    const double scale = pow(10, decimals), r = round(v * scale) / scale;
+    return json_real(isfinite(r) ? r : v);
+}
+
+json_t *json_text(const char *text, size_t n) {
+    /* at most 3 bytes (U+FFFD) for each byte */
+    char *out = n <= (SIZE_MAX - 1) / 3 ? malloc(3 * n + 1) : NULL;
+    if (!out) return NULL;
+    const unsigned char *s = (const unsigned char *)text;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned c = s[i];
+        /* a sequence's length from its lead byte; 0 for a byte no sequence
+         * starts with (a continuation, C0, C1, F5 to FF) */
+        const size_t len = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+        bool ok = len >= 1 && i + len <= n;
+        for (size_t j = 1; ok && j < len; j++) {
+            ok = (s[i + j] & 0xc0) == 0x80;
+            cp = (cp << 6) | (s[i + j] & 0x3fu);
+        }
+        /* no overlong forms, surrogates or code points past U+10FFFF */
+        ok = ok && !(len == 3 && cp < 0x800) && !(len == 4 && (cp < 0x10000 || cp > 0x10ffff)) &&
+             !(cp >= 0xd800 && cp <= 0xdfff);
+        const size_t take = ok ? len : 1;
+        memcpy(out + o, ok ? (const char *)s + i : "\xef\xbf\xbd", ok ? len : 3);
+        o += ok ? len : 3;
+        i += take;
+    }
+    json_t *v = json_stringn(out, o);
+    free(out);
+    return v;
+}
+
+json_t *json_ids(const int32_t *ids, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i])) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    return a;
+}
+
+int print_json(FILE *f, json_t *doc, size_t flags) {
+    /* measurements: 15 digits print a rounded value as written ("12.346") */
+    const int bad = !doc || json_dumpf(doc, f, flags | JSON_REAL_PRECISION(15)) != 0;
+    json_decref(doc);
+    if (bad) return fail("out of memory writing a JSON report%s%s", "", "");
+    fputc('\n', f);
+    return 0;
 }
 
 char *read_text_file(const char *path, size_t *n_bytes, nm_error *err) {

@@ -75,53 +75,6 @@ static int cmd_logits(nm_model *model, const cli_options *o) {
 
 /* ---- run ---- */
 
-/* Writes s as a JSON string; bytes that are not valid UTF-8 become U+FFFD. */
-static void json_string(FILE *f, const unsigned char *s, size_t n) {
-    fputc('"', f);
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            if (c == '"' || c == '\\')
-                fprintf(f, "\\%c", c);
-            else if (c == '\n')
-                fputs("\\n", f);
-            else if (c == '\t')
-                fputs("\\t", f);
-            else if (c == '\r')
-                fputs("\\r", f);
-            else if (c < 0x20 || c == 0x7f)
-                fprintf(f, "\\u%04x", c);
-            else
-                fputc((int)c, f);
-            i++;
-            continue;
-        }
-        size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
-        uint32_t cp = len == 4 ? c & 7 : len == 3 ? c & 15 : c & 31;
-        bool ok = len >= 2 && c <= 0xf4 && i + len <= n;
-        for (size_t j = 1; ok && j < len; j++) {
-            ok = (s[i + j] & 0xc0) == 0x80;
-            cp = (cp << 6) | (s[i + j] & 0x3f);
-        }
-        uint32_t min = len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000;
-        if (ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff)) {
-            fwrite(s + i, 1, len, f);
-            i += len;
-        } else {
-            fputs("\xef\xbf\xbd", f);
-            i++;
-        }
-    }
-    fputc('"', f);
-}
-
-static void json_ids(FILE *f, const int32_t *ids, size_t n) {
-    fputc('[', f);
-    for (size_t i = 0; i < n; i++)
-        fprintf(f, "%s%" PRId32, i ? "," : "", ids[i]);
-    fputc(']', f);
-}
-
 typedef struct run_result {
     int32_t *generated; /* [n_generated] */
     size_t n_generated;
@@ -212,7 +165,9 @@ static nm_status generate(nm_model *model, nm_session *s, nm_sampler *sampler, c
 }
 
 /* A seed no two runs share: the clock and the process, mixed (a
- * splitmix64 step, so that close clocks give unrelated seeds). */
+ * splitmix64 step, so that close clocks give unrelated seeds); 63 bits, as
+ * --seed takes, so that JSON readers that hold integers in an int64
+ * (jansson, run --json's) read it exactly. */
 static uint64_t random_seed(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -220,7 +175,7 @@ static uint64_t random_seed(void) {
                  ((uint64_t)getpid() << 32) + 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return (z ^ (z >> 31)) >> 1;
 }
 
 static int cmd_run(nm_model *model, const cli_options *o) {
@@ -260,19 +215,16 @@ static int cmd_run(nm_model *model, const cli_options *o) {
         const double decode_tps = r.decode_s > 0 && n_decoded ? (double)n_decoded / r.decode_s : 0;
         const double peak_mib = (double)nm_peak_rss_bytes() / 1048576.0;
         if (o->json) {
-            printf("{\"prompt_tokens\":%zu,\"generated_tokens\":%zu,\"ttft_ms\":%.3f,"
-                   "\"prefill_tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
-                   "\"peak_rss_mib\":%.1f,\"stop\":\"%s\",\"seed\":%llu,\"text\":",
-                   n, r.n_generated, r.ttft_s * 1e3, prefill_tps, decode_tps, peak_mib, r.stop,
-                   (unsigned long long)spp.seed);
-            json_string(stdout, (const unsigned char *)r.text, r.text_len);
-            printf(",\"prompt_ids\":");
-            json_ids(stdout, ids, n);
-            printf(",\"generated_ids\":");
-            json_ids(stdout, r.generated, r.n_generated);
-            printf(",\"prefill_cpu_ms\":%.3f,\"moe\":", r.prefill_cpu_s * 1e3);
-            print_metrics_json(stdout, &mt);
-            printf("}\n");
+            json_t *doc = json_pack(
+                "{s:I, s:I, s:o, s:o, s:o, s:o, s:s, s:I, s:o, s:o, s:o, s:o, s:o}",
+                "prompt_tokens", (json_int_t)n, "generated_tokens", (json_int_t)r.n_generated,
+                "ttft_ms", json_fixed(r.ttft_s * 1e3, 3), "prefill_tokens_per_s",
+                json_fixed(prefill_tps, 3), "decode_tokens_per_s", json_fixed(decode_tps, 3),
+                "peak_rss_mib", json_fixed(peak_mib, 1), "stop", r.stop, "seed",
+                (json_int_t)spp.seed, "text", json_text(r.text, r.text_len), "prompt_ids",
+                json_ids(ids, n), "generated_ids", json_ids(r.generated, r.n_generated),
+                "prefill_cpu_ms", json_fixed(r.prefill_cpu_s * 1e3, 3), "moe", metrics_json(&mt));
+            rc = print_json(stdout, doc, JSON_COMPACT);
         } else {
             printf("\n");
             fflush(stdout);

@@ -306,12 +306,13 @@ static bool parse_value(const option_def *d, const char *text, cli_options *o, c
             end = (char *)text; /* strtoull would accept and negate */
         else {
             unsigned long long v = strtoull(text, &end, 10);
-            if (!errno && end != text && !*end) {
+            /* at most 2^63 - 1: JSON readers (jansson) hold an int64 */
+            if (!errno && end != text && !*end && v <= INT64_MAX) {
                 *(uint64_t *)field = (uint64_t)v;
                 return true;
             }
         }
-        snprintf(msg, cap, "--%s: '%s' is not an unsigned 64-bit integer", d->name, text);
+        snprintf(msg, cap, "--%s: '%s' is not an integer in [0, 2^63 - 1]", d->name, text);
         return false;
     }
     case KIND_FLAG:

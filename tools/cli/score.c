@@ -31,6 +31,14 @@ static void print_progress(void *p, int32_t done, int32_t total, const nm_accura
                     elapsed / done * (total - done));
 }
 
+/* doc with more's members added after its own; NULL (both freed) when
+ * either is NULL, which is how running out of memory shows. */
+static json_t *with(json_t *doc, json_t *more) {
+    if (json_object_update_new(doc, more) == 0) return doc;
+    json_decref(doc);
+    return NULL;
+}
+
 int cmd_score(nm_model *model, const cli_options *o, bool compare) {
     nm_error err = {0};
     size_t n = 0;
@@ -85,23 +93,28 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
         nm_session_get_metrics(compare ? cand_cs.session : ref_cs.session, &mt);
         const nm_plan *used_plan = compare ? cand_cs.plan : ref_cs.plan;
         if (o->json) {
-            printf("{\"n_ctx\":%d,\"windows\":%d,\"tokens_scored\":%" PRIu64
-                   ",\"perplexity\":%.6f,\"perplexity_err\":%.6f",
-                   n_ctx, acc.n_windows, acc.ref.count, ppl, ppl_err);
+            json_t *doc = json_pack("{s:i, s:i, s:I, s:o, s:o}", "n_ctx", n_ctx, "windows",
+                                    acc.n_windows, "tokens_scored", (json_int_t)acc.ref.count,
+                                    "perplexity", json_fixed(ppl, 6), "perplexity_err",
+                                    json_fixed(ppl_err, 6));
             if (compare)
-                printf(",\"candidate_perplexity\":%.6f,\"candidate_perplexity_err\":%.6f,"
-                       "\"ppl_change_percent\":%.6f,\"kl_mean\":%.9f,\"kl_max\":%.9f,"
-                       "\"top1_agreement\":%.6f",
-                       cppl, cppl_err, 100.0 * (cppl / ppl - 1.0), acc.kl_sum / scored, acc.kl_max,
-                       (double)acc.top1_same / scored);
+                doc = with(doc, json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "candidate_perplexity",
+                                          json_fixed(cppl, 6), "candidate_perplexity_err",
+                                          json_fixed(cppl_err, 6), "ppl_change_percent",
+                                          json_fixed(100.0 * (cppl / ppl - 1.0), 6), "kl_mean",
+                                          json_fixed(acc.kl_sum / scored, 9), "kl_max",
+                                          json_fixed(acc.kl_max, 9), "top1_agreement",
+                                          json_fixed((double)acc.top1_same / scored, 6)));
             nm_plan_info pi;
             if (used_plan) nm_plan_get_info(used_plan, &pi);
             if (used_plan)
-                printf(",\"predicted_drop_rate\":%.6f,\"predicted_drop_weight\":%.6f",
-                       pi.predicted_drop_rate, pi.predicted_drop_weight);
-            printf(",\"seconds\":%.3f,\"moe\":", seconds);
-            print_metrics_json(stdout, &mt);
-            printf("}\n");
+                doc = with(doc, json_pack("{s:o, s:o}", "predicted_drop_rate",
+                                          json_fixed(pi.predicted_drop_rate, 6),
+                                          "predicted_drop_weight",
+                                          json_fixed(pi.predicted_drop_weight, 6)));
+            doc = with(doc, json_pack("{s:o, s:o}", "seconds", json_fixed(seconds, 3), "moe",
+                                      metrics_json(&mt)));
+            rc = print_json(stdout, doc, JSON_COMPACT);
         } else if (compare) {
             printf("reference perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
             printf("candidate perplexity: %.4f +/- %.5f\n", cppl, cppl_err);

@@ -110,24 +110,31 @@ int cmd_bench_throughput(nm_model *model, const cli_options *o) {
     const double peak_mib = (double)ru.ru_maxrss / 1024.0;
     const char *kernels = nm_kernels_variant();
     if (o->json) {
-        printf("[\n");
-        for (int ti = 0; ti < n_tests; ti++) {
+        json_t *doc = json_array();
+        for (int ti = 0; doc && ti < n_tests; ti++) {
             const tp_test *t = &tests[ti];
             const double med =
                 reps % 2 ? t->ts[reps / 2] : 0.5 * (t->ts[reps / 2 - 1] + t->ts[reps / 2]);
-            printf("  {\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, "
-                   "\"n_batch\": %d, \"reps\": %d, \"kernels\": \"%s\", \"kv_type\": \"%s\", "
-                   "\"tokens_per_s\": %.3f, "
-                   "\"tokens_per_s_min\": %.3f, \"tokens_per_s_max\": %.3f, \"samples_ts\": [",
-                   t->name, t->n_prompt, t->n_gen, n_threads, n_batch, reps, kernels,
-                   sp.kv_type == NM_KV_F16 ? "f16" : "f32", med, t->ts[0], t->ts[reps - 1]);
-            for (int i = 0; i < reps; i++)
-                printf("%s%.3f", i ? ", " : "", t->ts[i]);
-            printf("], \"peak_rss_mib\": %.1f, \"state_mib\": %.1f}%s\n", peak_mib, state_mib,
-                   ti + 1 < n_tests ? "," : "");
+            json_t *samples = json_array();
+            for (int i = 0; samples && i < reps; i++)
+                if (json_array_append_new(samples, json_fixed(t->ts[i], 3)) != 0) {
+                    json_decref(samples);
+                    samples = NULL;
+                }
+            json_t *one = json_pack(
+                "{s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o}", "test",
+                t->name, "n_prompt", t->n_prompt, "n_gen", t->n_gen, "threads", n_threads,
+                "n_batch", n_batch, "reps", reps, "kernels", kernels, "kv_type",
+                sp.kv_type == NM_KV_F16 ? "f16" : "f32", "tokens_per_s", json_fixed(med, 3),
+                "tokens_per_s_min", json_fixed(t->ts[0], 3), "tokens_per_s_max",
+                json_fixed(t->ts[reps - 1], 3), "samples_ts", samples, "peak_rss_mib",
+                json_fixed(peak_mib, 1), "state_mib", json_fixed(state_mib, 1));
+            if (json_array_append_new(doc, one) != 0) {
+                json_decref(doc);
+                doc = NULL;
+            }
         }
-        printf("]\n");
-        return 0;
+        return print_json(stdout, doc, JSON_INDENT(2));
     }
     printf("| model | kernels | threads | test | t/s (median) | min - max |\n");
     printf("|---|---|---:|---|---:|---:|\n");
