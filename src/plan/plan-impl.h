@@ -33,9 +33,10 @@
 #define NM_JSON_MAX_BYTES ((size_t)256 << 20)
 
 /* Parses one JSON value (RFC 8259, as jansson reads it: UTF-8 validated,
- * no \u0000 in strings, no NaN or Infinity, numbers beyond a double or an
- * int64 refused); a key twice in an object is refused; a UTF-8 byte order
- * mark at the start is skipped. Errors: NM_ERR_FORMAT with "line L, column
+ * no \u0000 in strings, no NaN or Infinity, a real beyond a double or an
+ * integer beyond an int64 refused); a key twice in an object and a NUL
+ * byte anywhere are refused; a UTF-8 byte order mark at the start is
+ * skipped. Errors: NM_ERR_FORMAT with "line L, column
  * C: what"; NM_ERR_CAPACITY over NM_JSON_MAX_BYTES; NM_ERR_NOMEM. *out is
  * then NULL; on success the caller json_decref()s it. */
 nm_status nm_json_parse(const char *text, size_t n_bytes, json_t **out, nm_error *err);
