@@ -271,30 +271,36 @@ static nm_status check_num(const json_t *v, double lo, double hi, double *out, c
     return NM_OK;
 }
 
+/* Member key of obj, and its path for messages. */
+static nm_status lookup(const json_t *obj, const char *key, const char *where, const json_t **v,
+                        path_text *p, nm_error *err) {
+    nm_status st = member(obj, key, where, v, err);
+    if (st == NM_OK) *p = path_of(where, key);
+    return st;
+}
+
 nm_status nm_json_get_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
                           const char *where, nm_error *err) {
     const json_t *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
-    nm_status st = member(obj, key, where, &v, err);
-    if (st != NM_OK) return st;
-    path_text p = path_of(where, key);
-    return check_int(v, lo, hi, out, &p, err);
+    path_text p;
+    nm_status st = lookup(obj, key, where, &v, &p, err);
+    return st != NM_OK ? st : check_int(v, lo, hi, out, &p, err);
 }
 
 nm_status nm_json_get_num(const json_t *obj, const char *key, double lo, double hi, double *out,
                           const char *where, nm_error *err) {
-    const json_t *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
-    nm_status st = member(obj, key, where, &v, err);
-    if (st != NM_OK) return st;
-    path_text p = path_of(where, key);
-    return check_num(v, lo, hi, out, &p, err);
+    const json_t *v = NULL;
+    path_text p;
+    nm_status st = lookup(obj, key, where, &v, &p, err);
+    return st != NM_OK ? st : check_num(v, lo, hi, out, &p, err);
 }
 
 nm_status nm_json_get_str(const json_t *obj, const char *key, const char **out, const char *where,
                           nm_error *err) {
-    const json_t *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
-    nm_status st = member(obj, key, where, &v, err);
+    const json_t *v = NULL;
+    path_text p;
+    nm_status st = lookup(obj, key, where, &v, &p, err);
     if (st != NM_OK) return st;
-    path_text p = path_of(where, key);
     if (!json_is_string(v)) return wrong(v, &p, "a string", err);
     *out = json_string_value(v); /* no NUL inside: the parser refuses \u0000 */
     return NM_OK;
@@ -302,10 +308,10 @@ nm_status nm_json_get_str(const json_t *obj, const char *key, const char **out, 
 
 nm_status nm_json_get_bool(const json_t *obj, const char *key, bool *out, const char *where,
                            nm_error *err) {
-    const json_t *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
-    nm_status st = member(obj, key, where, &v, err);
+    const json_t *v = NULL;
+    path_text p;
+    nm_status st = lookup(obj, key, where, &v, &p, err);
     if (st != NM_OK) return st;
-    path_text p = path_of(where, key);
     if (!json_is_boolean(v)) return wrong(v, &p, "true or false", err);
     *out = json_is_true(v);
     return NM_OK;
@@ -313,10 +319,10 @@ nm_status nm_json_get_bool(const json_t *obj, const char *key, bool *out, const 
 
 static nm_status get_container(const json_t *obj, const char *key, json_type type,
                                const json_t **out, const char *where, nm_error *err) {
-    const json_t *v = NULL; /* set on NM_OK; gcc doubts it under -fPIC */
-    nm_status st = member(obj, key, where, &v, err);
+    const json_t *v = NULL;
+    path_text p;
+    nm_status st = lookup(obj, key, where, &v, &p, err);
     if (st != NM_OK) return st;
-    path_text p = path_of(where, key);
     if (json_typeof(v) != type)
         return wrong(v, &p, type == JSON_ARRAY ? "an array" : "an object", err);
     *out = v;
