@@ -17,7 +17,9 @@ import argparse
 import http.client
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -182,26 +184,164 @@ def test_answers(b, model, srv):
           "streamed completion joins into the non-streamed text", f"{joined!r} vs {text!r}")
 
 
-def test_leave_mid_stream(srv, auth):
-    """A client that asks for 4000 tokens (tens of seconds here) and closes its
-    connection after the first chunk: the slot is freed at once, so the next
-    request is answered in far less time than the abandoned one would take."""
-    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
-    c.request("POST", "/v1/completions",
-              body=json.dumps({"prompt": "And", "stream": True, "max_tokens": 4000,
-                               "temperature": 0}),
-              headers=dict(auth, **{"Content-Type": "application/json"}))
-    r = c.getresponse()
-    first = r.read(6)
-    c.sock.close()
-    c.close()
-    t0 = time.monotonic()
-    st, _, out = srv.request("POST", "/v1/completions",
-                             {"prompt": "And", "max_tokens": 3, "temperature": 0}, auth)
-    took = time.monotonic() - t0
-    check(first == b"data: " and st == 200 and out["usage"]["completion_tokens"] == 3 and
-          took < 8, "a client that leaves mid-stream frees the slot at once",
-          f"{first!r} {out!r}, the next request took {took:.1f} s")
+def read_metrics(srv, auth=None):
+    """GET /metrics parsed: {(name, ((label, value), ...)): float}; None when a
+    line is not Prometheus text (then a failed check says which)."""
+    st, headers, text = srv.request("GET", "/metrics", headers=auth)
+    out = {}
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
+    for line in text.splitlines() if st == 200 and isinstance(text, str) else ["<no text>"]:
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = line_re.match(line)
+        if not m:
+            check(False, "/metrics: every line is Prometheus text", repr(line))
+            return None
+        labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")))
+        out[(m.group(1), labels)] = float(m.group(3))
+    check(headers.get("Content-Type", "").startswith("text/plain; version=0.0.4"),
+          "/metrics: Prometheus's content type", repr(headers))
+    return out
+
+
+def metric(values, name, **labels):
+    return (values or {}).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for(srv, cond, auth=None, limit_s=120):
+    """Polls /metrics until cond(values) holds (True) or limit_s passes."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if cond(read_metrics(srv, auth)):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def open_raw(srv, body, auth=None):
+    """A request on a socket of its own, the answer not read yet."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n")
+    for k, v in (auth or {}).items():
+        head += f"{k}: {v}\r\n"
+    s.sendall(head.encode() + b"\r\n" + data)
+    return s
+
+
+def read_until(s, marker):
+    got = b""
+    while marker not in got:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    return got
+
+
+def test_queue_and_leave(b, model, auth=None, extra=()):
+    """One slot, a queue of one: a long stream A (4000 tokens, about half a
+    minute here) holds the slot, B waits in the queue (/metrics says 1), C
+    gets 503 with an OpenAI-shaped error; A's client closes its connection
+    after the first chunk: A ends as cancelled and B takes the slot; B's
+    client leaves while it waits for tokens: cancelled too, the slot free;
+    a request then is served (the queue bound 0 + 1 free slot takes it).
+    Nothing here depends on time but the 4000 tokens outlasting a few
+    requests on loopback."""
+    srv = Server(b, model, ["-c", "4096", "-t", "2", "--parallel", "1", "--queue", "1"]
+                 + list(extra))
+    try:
+        long = {"prompt": "And", "stream": True, "max_tokens": 4000, "temperature": 0}
+        a = open_raw(srv, long, auth)
+        first = read_until(a, b"data: ")
+        bq = open_raw(srv, long, auth)
+        queued = wait_for(srv, lambda v: metric(v, "npumoe_queue_length") == 1, auth)
+        st, _, out = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2},
+                                 auth)
+        check(b"data: " in first and queued and st == 503 and is_error(out, "server_busy"),
+              "a full queue: 503 with an OpenAI-shaped error",
+              f"{first[-80:]!r} queued={queued} {st} {out!r}")
+        a.close()
+        moved = wait_for(srv, lambda v: metric(v, "npumoe_completions_total", finish="cancelled")
+                         == 1 and metric(v, "npumoe_queue_length") == 0 and
+                         metric(v, "npumoe_slots_busy") == 1, auth)
+        check(moved, "a client that leaves mid-stream: its job cancelled, the waiting one "
+              "takes the slot", "")
+        bq.close()
+        freed = wait_for(srv, lambda v: metric(v, "npumoe_completions_total", finish="cancelled")
+                         == 2 and metric(v, "npumoe_slots_busy") == 0, auth)
+        v = read_metrics(srv, auth)
+        check(freed and metric(v, "npumoe_generated_tokens_total") < 8000 and
+              metric(v, "npumoe_completions_total", finish="length") == 0,
+              "a client that leaves while waiting for tokens: cancelled, the slot freed",
+              repr({k: x for k, x in (v or {}).items() if "completions" in k[0]}))
+        st, _, out = srv.request("POST", "/v1/completions",
+                                 {"prompt": "And", "max_tokens": 3, "temperature": 0}, auth)
+        check(st == 200 and out["usage"]["completion_tokens"] == 3,
+              "after the clients left, a request is served", f"{st} {out!r}")
+    finally:
+        rc = srv.stop(signal.SIGTERM)
+    check(rc == 0, "the server exits 0 after clients left", f"exit {rc}")
+
+
+def test_concurrency(b, model):
+    """8 clients at once on 2 slots (half of them streaming): every answer
+    complete and equal to the same request sent alone, which equals npumoe
+    run's; then /metrics' counters against what was sent."""
+    srv = Server(b, model, ["-c", "128", "-t", "2", "--parallel", "2", "--queue", "8"])
+    try:
+        prompts = ["And God said", "In the beginning", "The LORD is my shepherd",
+                   "Now these are the generations", "And it came to pass",
+                   "Blessed is the man", "Hear, O Israel", "Let there be light"]
+        bodies = [{"prompt": p, "max_tokens": 8 + 3 * i, "temperature": 0}
+                  for i, p in enumerate(prompts)]
+        alone = [srv.request("POST", "/v1/completions", body)[2] for body in bodies]
+        ref = run_json(b, model, ["-p", prompts[2], "--temp", "0", "-n", "14", "-c", "128"])
+        check(alone[2]["choices"][0]["text"] == ref["text"],
+              "a greedy answer alone = npumoe run's", f"{alone[2]!r} vs {ref['text']!r}")
+        results = [None] * len(bodies)
+
+        def client(i):
+            if i % 2:
+                st, _, ev, chunks, joined, fin = stream_text(srv, "/v1/completions", bodies[i])
+                results[i] = (st, joined, fin[-1] if fin else None, ev[-1] if ev else None)
+            else:
+                st, _, out = srv.request("POST", "/v1/completions", bodies[i])
+                c = out["choices"][0] if st == 200 else {}
+                results[i] = (st, c.get("text"), c.get("finish_reason"), "[DONE]")
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bad = [(i, r, alone[i]["choices"][0]) for i, r in enumerate(results)
+               if r is None or r[0] != 200 or r[3] != "[DONE]" or
+               r[1] != alone[i]["choices"][0]["text"] or
+               r[2] != alone[i]["choices"][0]["finish_reason"]]
+        check(not bad, "8 clients at once on 2 slots: every answer complete and equal to the "
+              "one-at-a-time answer", repr(bad))
+        v = read_metrics(srv)
+        n = len(bodies)
+        gen = 2 * sum(a["usage"]["completion_tokens"] for a in alone)
+        prompt_tokens = 2 * sum(a["usage"]["prompt_tokens"] for a in alone)
+        ended = sum(metric(v, "npumoe_completions_total", finish=f) for f in ("stop", "length"))
+        check(metric(v, "npumoe_requests_total", route="/v1/completions", status="200") == 2 * n
+              and metric(v, "npumoe_generated_tokens_total") == gen and
+              metric(v, "npumoe_prompt_tokens_total") == prompt_tokens and ended == 2 * n and
+              metric(v, "npumoe_time_to_first_token_seconds_count") == 2 * n and
+              metric(v, "npumoe_time_to_first_token_seconds_bucket", le="+Inf") == 2 * n and
+              metric(v, "npumoe_slots") == 2 and metric(v, "npumoe_slots_busy") == 0 and
+              metric(v, "npumoe_queue_length") == 0 and
+              metric(v, "npumoe_decode_rows_total") >= metric(v, "npumoe_decode_steps_total") > 0,
+              "/metrics: requests, tokens, completions, TTFT, slots and queue match what was sent",
+              repr(v))
+        buckets = [x for (name, _), x in sorted((v or {}).items())
+                   if name == "npumoe_generation_tokens_per_second_bucket"]
+        check(len(buckets) == 12, "/metrics: a generation-speed histogram", repr(buckets))
+    finally:
+        srv.stop(signal.SIGTERM)
 
 
 def test_errors(srv, model):
@@ -273,7 +413,6 @@ def test_api_key(b, model):
           "the right key: /v1/models lists the model", repr(out))
     st, _, out = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, good)
     check(st == 200, "the right key: a completion", repr(out))
-    test_leave_mid_stream(srv, good)
     rc = srv.stop(signal.SIGINT)
     check(rc == 0, "SIGINT: the server exits 0", f"exit {rc}")
 
@@ -306,6 +445,8 @@ def main():
     check(rc == 0 and any("SIGTERM" in l for l in srv.lines), "SIGTERM: the server exits 0",
           f"exit {rc}: {''.join(srv.lines)[-500:]}")
     test_api_key(b, model)
+    test_queue_and_leave(b, model, {"Authorization": "Bearer k"}, ["--api-key", "k"])
+    test_concurrency(b, model)
     print(f"test_serve: {test_cli.passed} passed, {test_cli.failed} failed")
     return 1 if test_cli.failed else 0
 
