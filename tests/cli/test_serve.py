@@ -18,10 +18,12 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -285,6 +287,61 @@ def test_queue_and_leave(b, model, auth=None, extra=()):
     check(rc == 0, "the server exits 0 after clients left", f"exit {rc}")
 
 
+def test_plan(b, model):
+    """A server with --plan PLAN --device cpu prefills each request through
+    the static path: its answers equal npumoe run's with the same plan, on 2
+    slots at once, and /metrics has the static path's counters."""
+    tmp = tempfile.mkdtemp(prefix="nm_serve_")
+    text = os.path.join(tmp, "text.txt")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "models", "heldout.txt"), encoding="utf-8") as f, \
+            open(text, "w", encoding="utf-8") as g:
+        g.write(f.read()[:6000])
+    calib, prof, plan = (os.path.join(tmp, n) for n in ("c.json", "p.json", "plan.json"))
+    steps = [["calibrate", "-m", model, "-f", text, "--chunk", "32", "-o", calib],
+             ["profile", "-m", model, "--chunk", "32", "--reps", "1", "--grid-experts", "1,4",
+              "--grid-capacity", "4,32", "-o", prof],
+             ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan]]
+    for args in steps:
+        r = subprocess.run([b] + args, capture_output=True, timeout=300)
+        if r.returncode != 0:
+            check(False, f"npumoe {args[0]} for the plan test", r.stderr.decode()[-300:])
+            return
+    prompts = ["And the earth was without form, and void; and darkness was upon the face of "
+               "the deep. And the Spirit of God moved upon the face of the waters.",
+               "Now the serpent was more subtil than any beast of the field which the LORD God "
+               "had made. And he said unto the woman"]
+    refs = [run_json(b, model, ["--plan", plan, "--device", "cpu", "-p", p, "--temp", "0",
+                                "-n", "12", "-c", "128"]) for p in prompts]
+    srv = Server(b, model, ["-c", "128", "-t", "2", "--parallel", "2", "--plan", plan,
+                            "--device", "cpu"])
+    try:
+        results = [None] * len(prompts)
+
+        def client(i):
+            results[i] = srv.request("POST", "/v1/completions",
+                                     {"prompt": prompts[i], "max_tokens": 12, "temperature": 0})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = [r[2]["choices"][0]["text"] if r and r[0] == 200 else r for r in results]
+        check(got == [r["text"] for r in refs],
+              "a plan-backed server (2 slots at once) answers as npumoe run --plan",
+              f"{got!r} vs {[r['text'] for r in refs]!r}")
+        v = read_metrics(srv)
+        check(metric(v, "npumoe_static_chunks_total") > 0 and
+              metric(v, "npumoe_static_assignments_total") > 0 and
+              (v or {}).get(("npumoe_static_dropped_total", ())) is not None,
+              "/metrics with a plan: the static path's counters", repr(v))
+    finally:
+        rc = srv.stop(signal.SIGTERM)
+    check(rc == 0, "the plan-backed server exits 0", f"exit {rc}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_concurrency(b, model):
     """8 clients at once on 2 slots (half of them streaming): every answer
     complete and equal to the same request sent alone, which equals npumoe
@@ -447,6 +504,7 @@ def main():
     test_api_key(b, model)
     test_queue_and_leave(b, model, {"Authorization": "Bearer k"}, ["--api-key", "k"])
     test_concurrency(b, model)
+    test_plan(b, model)
     print(f"test_serve: {test_cli.passed} passed, {test_cli.failed} failed")
     return 1 if test_cli.failed else 0
 
