@@ -15,14 +15,19 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # glslc and Mesa's lavapipe (a CPU Vulkan driver) for the vulkan device's
 # test (tests/test_vulkan.c, which must run: NM_REQUIRE_VULKAN); pkg-config
 # to build an example against the installed library; libmicrohttpd (HTTP)
-# and jansson (JSON) for npumoe serve (NM_SERVE=ON).
+# and jansson (JSON) for npumoe serve (NM_SERVE=ON); Node.js (with its npm)
+# for the test that drives serve with the openai npm package, which npm
+# installs into the build folder from the registry (cli_serve_openai).
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
           python3-torch python3-regex bible-kjv bible-kjv-text
-          libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev)
+          libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev
+          nodejs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+# Debian packages npm apart from nodejs; NodeSource's nodejs has it inside
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing: ${missing[*]}"
     sudo_cmd=""
