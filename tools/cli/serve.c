@@ -330,7 +330,6 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, const cha
     if (!scheduler_submit(s->sched, q)) {
         job_release(s->sched, q);
         free(p);
-        metrics_finished(&s->m, FINISH_ERROR, 0, 0, -1, -1);
         return send_json(c, MHD_HTTP_SERVICE_UNAVAILABLE,
                          error_json("server_error", "server_busy",
                                     "every slot is busy and %d requests are waiting (the "
