@@ -6,17 +6,18 @@
  * between steps. With the reference kernels (forced before the models
  * load) the logits are equal bit for bit; with this CPU's fastest kernels,
  * whose rounding may follow the number of rows, within 1e-4 of each row's
- * largest logit and with the same greedy token. Models: tiny-qwen3moe
- * (F32), tiny-phimoe (LayerNorm, biases, F16 head), tiny-qwen3moe Q4_K_M
- * and the shipped model. Then every refused argument, which leaves the
- * sessions as they were. */
+ * largest logit and with the same greedy token; also with 16 sessions on
+ * the quantised models (where a kernel may change path with the rows).
+ * Models: tiny-qwen3moe (F32), tiny-phimoe (LayerNorm, biases, F16 head),
+ * tiny-qwen3moe Q4_K_M and the shipped model. Then every refused argument,
+ * which leaves the sessions as they were. */
 #include "harness.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_SESS = 3, STEPS = 8, MAX_IDS = 256 };
+enum { MAX_SESS = 16, STEPS = 8, MAX_IDS = 256 };
 
 static nm_model *load(const char *path) {
     nm_model *m = NULL;
@@ -50,38 +51,39 @@ static double rel_diff(const float *a, const float *b, int32_t n) {
 
 /* Batched against alone on one model; exact: bit for bit. */
 static void compare(const char *label, const char *path, const int32_t *prompt, int n_prompt,
-                    bool exact) {
+                    int n_sess, bool exact) {
     nm_model *m = load(path);
     if (!m) return;
     nm_model_info info;
     nm_model_get_info(m, &info);
     const int32_t n_vocab = info.n_vocab;
     const int32_t n_ctx = 64;
-    nm_session *alone[N_SESS], *batched[N_SESS];
-    int32_t next[N_SESS];
+    nm_session *alone[MAX_SESS], *batched[MAX_SESS];
+    int32_t next[MAX_SESS];
     float *want = malloc((size_t)n_vocab * sizeof(float));
-    float *got = malloc((size_t)N_SESS * n_vocab * sizeof(float));
+    float *got = malloc((size_t)n_sess * n_vocab * sizeof(float));
     nm_error err = {0};
-    for (int i = 0; i < N_SESS; i++) {
-        const nm_kv_type kv = i == 1 ? NM_KV_F16 : NM_KV_F32;
+    for (int i = 0; i < n_sess; i++) {
+        const nm_kv_type kv = i % 3 == 1 ? NM_KV_F16 : NM_KV_F32;
         alone[i] = open_session(m, n_ctx, kv);
         batched[i] = open_session(m, n_ctx, kv);
-        const int n = 3 + 7 * i < n_prompt ? 3 + 7 * i : n_prompt; /* 3, 10, 17 positions */
+        /* 3, 10, 17, 5, ... positions, from prompt + i */
+        const int n = 3 + (7 * i) % 23 < n_prompt - i ? 3 + (7 * i) % 23 : n_prompt - i;
         CHECK_INT_EQ(nm_session_eval(alone[i], prompt + i, n, want, false, &err), NM_OK);
         CHECK_INT_EQ(nm_session_eval(batched[i], prompt + i, n, NULL, false, &err), NM_OK);
         next[i] = nm_argmax(want, n_vocab);
     }
     nm_batch *b = NULL;
-    CHECK_INT_EQ(nm_batch_new(m, N_SESS, n_ctx, 2, &b, &err), NM_OK);
+    CHECK_INT_EQ(nm_batch_new(m, n_sess, n_ctx, 2, &b, &err), NM_OK);
     int worst_step = -1;
     double worst = 0;
     int mismatches = 0, tokens_differ = 0;
     for (int step = 0; step < STEPS; step++) {
         /* step 2 runs sessions 0 and 2 only (1 waits), step 3 session 1 alone */
-        nm_session *in[N_SESS];
-        int32_t ids[N_SESS], who[N_SESS];
+        nm_session *in[MAX_SESS];
+        int32_t ids[MAX_SESS], who[MAX_SESS];
         int n = 0;
-        for (int i = 0; i < N_SESS; i++)
+        for (int i = 0; i < n_sess; i++)
             if ((step != 2 || i != 1) && (step != 3 || i == 1)) {
                 in[n] = batched[i];
                 ids[n] = next[i];
@@ -92,25 +94,22 @@ static void compare(const char *label, const char *path, const int32_t *prompt, 
             const int i = who[r];
             CHECK_INT_EQ(nm_session_eval(alone[i], &next[i], 1, want, false, &err), NM_OK);
             const float *row = got + (size_t)r * n_vocab;
-            if (exact) {
-                if (memcmp(row, want, (size_t)n_vocab * sizeof(float)) != 0) mismatches++;
-            } else {
-                const double d = rel_diff(row, want, n_vocab);
-                if (d > worst) worst = d, worst_step = step;
-            }
+            if (memcmp(row, want, (size_t)n_vocab * sizeof(float)) != 0) mismatches++;
+            const double d = rel_diff(row, want, n_vocab);
+            if (d > worst) worst = d, worst_step = step;
             const int32_t a = nm_argmax(want, n_vocab);
             if (nm_argmax(row, n_vocab) != a) tokens_differ++;
             next[i] = a;
             CHECK_INT_EQ(nm_session_n_past(batched[i]), nm_session_n_past(alone[i]));
         }
     }
-    CHECK_INT_EQ(mismatches, 0);
+    if (exact) CHECK_INT_EQ(mismatches, 0);
     CHECK_INT_EQ(tokens_differ, 0);
-    if (!exact) CHECK(worst <= 1e-4);
-    fprintf(stderr, "%s (%s kernels): %d rows differ bitwise, largest relative difference %.3g (step %d)\n",
-            label, exact ? "ref" : "fastest", mismatches, worst, worst_step);
+    CHECK(worst <= 1e-4);
+    fprintf(stderr, "%s, %d sessions (%s kernels): %d rows differ bitwise, largest relative difference %.3g (step %d)\n",
+            label, n_sess, exact ? "ref" : "fastest", mismatches, worst, worst_step);
     nm_batch_free(b);
-    for (int i = 0; i < N_SESS; i++) {
+    for (int i = 0; i < n_sess; i++) {
         nm_session_free(alone[i]);
         nm_session_free(batched[i]);
     }
@@ -189,7 +188,7 @@ int main(void) {
      * kernels active when it loads */
     CHECK(nm_kernels_force(NM_KERNELS_REF));
     for (int i = 0; i < n_models; i++)
-        compare(models[i].label, models[i].path, prompt, n, true);
+        compare(models[i].label, models[i].path, prompt, n, 3, true);
     nm_kernels_isa fastest = NM_KERNELS_REF;
     for (int isa = NM_KERNELS_COUNT - 1; isa > NM_KERNELS_REF; isa--)
         if (nm_kernels_isa_supported((nm_kernels_isa)isa)) {
@@ -198,7 +197,11 @@ int main(void) {
         }
     CHECK(nm_kernels_force(fastest));
     for (int i = 0; i < n_models; i++)
-        compare(models[i].label, models[i].path, prompt, n, false);
+        compare(models[i].label, models[i].path, prompt, n, 3, false);
+    /* 16 rows: the quantised kernels may take another path (AMX tiles from
+     * 12 rows), whose rounding differs: the tolerance, the same tokens */
+    compare(models[2].label, models[2].path, prompt, n, 16, false);
+    compare(models[3].label, models[3].path, prompt, n, 16, false);
     refusals(NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf", prompt);
     return nm_test_finish("test_batch");
 }
