@@ -70,14 +70,15 @@ function startServer() {
     const proc = spawn(binary, ["serve", "-m", model, "--port", "0", "--parallel", "2", "-c",
                                 "128", "-t", "2", "--chat-template", "chatml"],
                        { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
+    const log = { text: "" };
+    const exited = new Promise((done) => proc.on("exit", (code, signal) => done({ code, signal })));
     proc.stderr.setEncoding("utf8");
     proc.stderr.on("data", (d) => {
-      err += d;
-      const m = err.match(/serving \S+ on http:\/\/[^:]+:(\d+) /);
-      if (m) resolve({ proc, port: Number(m[1]) });
+      log.text += d;
+      const m = log.text.match(/serving \S+ on http:\/\/[^:]+:(\d+) /);
+      if (m) resolve({ proc, port: Number(m[1]), log, exited });
     });
-    proc.on("exit", (code) => reject(new Error(`the server exited (${code}): ${err}`)));
+    exited.then(({ code }) => reject(new Error(`the server exited (${code}): ${log.text}`)));
   });
 }
 
@@ -87,7 +88,7 @@ const { default: OpenAI } = await import(pathToFileURL(require.resolve("openai")
 const installed = JSON.parse(readFileSync(
   path.join(installDir, "node_modules", "openai", "package.json"), "utf8")).version;
 
-const { proc, port } = await startServer();
+const { proc, port, log, exited } = await startServer();
 const id = path.basename(model);
 const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "unused",
                             maxRetries: 0, timeout: 120000 });
@@ -156,5 +157,8 @@ try {
 } finally {
   proc.kill("SIGTERM");
 }
+const { code } = await exited;
+check(code === 0 && !log.text.includes("Sanitizer") && !log.text.includes("runtime error"),
+      "SIGTERM: the server exits 0, no sanitizer report", `exit ${code}: ${log.text.slice(-2000)}`);
 console.log(`test_openai_client (openai ${installed}): ${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);
