@@ -400,6 +400,28 @@ def test_plan(b, model):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_stop_mid_stream(b, model):
+    """SIGTERM while one stream generates (4000 tokens asked) and another
+    waits for the slot: the first ends at its next token with
+    finish_reason length and [DONE], the waiting one gets an error event
+    (server_stopping), and the server exits 0."""
+    srv = Server(b, model, ["-c", "4096", "-t", "2", "--parallel", "1", "--queue", "1"])
+    long = {"prompt": "And", "stream": True, "max_tokens": 4000, "temperature": 0}
+    a = open_raw(srv, long)
+    read_until(a, b"data: ")
+    w = open_raw(srv, long)
+    queued = wait_for(srv, lambda v: metric(v, "npumoe_queue_length") == 1)
+    rc = srv.stop(signal.SIGTERM)
+    got_a = read_until(a, b"data: [DONE]")
+    got_w = read_until(w, b"data: [DONE]")
+    a.close()
+    w.close()
+    check(queued and rc == 0 and b'"finish_reason":"length"' in got_a and
+          b"data: [DONE]" in got_a and b"server_stopping" in got_w,
+          "SIGTERM mid-stream: the stream ends (length, [DONE]), the waiting one gets "
+          "server_stopping, exit 0", f"exit {rc}: {got_a[-200:]!r} {got_w[-300:]!r}")
+
+
 def test_concurrency(b, model):
     """8 clients at once on 2 slots (half of them streaming): every answer
     complete and equal to the same request sent alone, which equals npumoe
@@ -563,6 +585,7 @@ def main():
           f"exit {rc}: {''.join(srv.lines)[-500:]}")
     test_api_key(b, model)
     test_queue_and_leave(b, model, {"Authorization": "Bearer k"}, ["--api-key", "k"])
+    test_stop_mid_stream(b, model)
     test_concurrency(b, model)
     test_plan(b, model)
     test_load(b, model)

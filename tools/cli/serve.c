@@ -23,12 +23,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 enum {
     BODY_LIMIT = 1 << 20, /* bytes of a request body; more is 413 */
     CONNECTION_LIMIT = 64,
     CONNECTION_TIMEOUT_S = 30, /* a client that sends its body slowly */
     WAIT_MS = 100,             /* how often a waiting connection looks at its client */
+    STOP_WAIT_S = 10,          /* at a stop signal, the longest wait for answers to go */
 };
 
 /* The routes, in metrics_route_names' order. */
@@ -45,6 +47,7 @@ typedef struct server {
     metrics m;
     pthread_mutex_t lock;
     uint64_t next_id;
+    int live; /* completions being answered (under lock) */
     char model_id[256];
 } server;
 
@@ -280,12 +283,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 /* The stream ended, or its client went (a write to its closed connection
  * failed): an unfinished job is cancelled, its slot freed at the
  * scheduler's next step. */
+static void reply_free(reply *p) {
+    server *s = p->s;
+    job_release(s->sched, p->q);
+    free(p->out);
+    free(p);
+    pthread_mutex_lock(&s->lock);
+    s->live--;
+    pthread_mutex_unlock(&s->lock);
+}
+
 static void stream_free(void *cls) {
     reply *p = cls;
     job_cancel(p->s->sched, p->q);
-    job_release(p->s->sched, p->q);
-    free(p->out);
-    free(p);
+    reply_free(p);
 }
 
 /* ---- routes ---- */
@@ -324,12 +335,12 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, const cha
     p->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_lock(&s->lock);
     const uint64_t id = ++s->next_id;
+    s->live++;
     pthread_mutex_unlock(&s->lock);
     snprintf(p->id, sizeof p->id, "%s-%" PRIu64, chat ? "chatcmpl" : "cmpl", id);
     p->created = (json_int_t)time(NULL);
     if (!scheduler_submit(s->sched, q)) {
-        job_release(s->sched, q);
-        free(p);
+        reply_free(p);
         return send_json(c, MHD_HTTP_SERVICE_UNAVAILABLE,
                          error_json("server_error", "server_busy",
                                     "every slot is busy and %d requests are waiting (the "
@@ -368,8 +379,7 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *c, const cha
     }
     scheduler_unlock(s->sched);
     if (gone) job_cancel(s->sched, q);
-    job_release(s->sched, q);
-    free(p);
+    reply_free(p);
     return gone ? MHD_NO : send_json(c, status, out, NULL);
 }
 
@@ -586,7 +596,7 @@ int cmd_serve(nm_model *model, const cli_options *o) {
     struct MHD_Daemon *d = NULL;
     if (rc == 0) {
         unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                         MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+                         MHD_USE_ERROR_LOG | MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
         d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, &s,
                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
                              (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
@@ -606,10 +616,20 @@ int cmd_serve(nm_model *model, const cli_options *o) {
         fflush(stderr);
         int sig = 0;
         sigwait(&stop_signals, &sig);
-        /* generations end at their next token, waiting requests get 503 */
+        /* no new connections; generations end at their next token, waiting
+         * requests get 503; their answers are sent (at most STOP_WAIT_S) */
+        const MHD_socket listener = MHD_quiesce_daemon(d);
         scheduler_stopping(s.sched);
         fprintf(stderr, "npumoe: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        for (int i = 0; i < STOP_WAIT_S * 20; i++) {
+            pthread_mutex_lock(&s.lock);
+            const int live = s.live;
+            pthread_mutex_unlock(&s.lock);
+            if (live == 0) break;
+            nanosleep(&(struct timespec){.tv_nsec = 50000000L}, NULL);
+        }
         MHD_stop_daemon(d);
+        if (listener != MHD_INVALID_SOCKET) close(listener);
     }
     close_slots(&s);
     metrics_destroy(&s.m);
