@@ -106,7 +106,9 @@ static void compare(const char *label, const char *path, const int32_t *prompt, 
     if (exact) CHECK_INT_EQ(mismatches, 0);
     CHECK_INT_EQ(tokens_differ, 0);
     CHECK(worst <= 1e-4);
-    fprintf(stderr, "%s, %d sessions (%s kernels): %d rows differ bitwise, largest relative difference %.3g (step %d)\n",
+    fprintf(stderr,
+            "%s, %d sessions (%s kernels): %d rows differ bitwise, largest relative difference "
+            "%.3g (step %d)\n",
             label, n_sess, exact ? "ref" : "fastest", mismatches, worst, worst_step);
     nm_batch_free(b);
     for (int i = 0; i < n_sess; i++) {
@@ -171,8 +173,8 @@ static void refusals(const char *path, const int32_t *prompt) {
 
 int main(void) {
     int32_t prompt[MAX_IDS];
-    const int n = nm_test_read_ints(NM_VECTORS_DIR "/tiny-qwen3moe/prompts.txt", 3, prompt,
-                                    MAX_IDS);
+    const int n =
+        nm_test_read_ints(NM_VECTORS_DIR "/tiny-qwen3moe/prompts.txt", 3, prompt, MAX_IDS);
     CHECK(n >= 20);
     if (n < 20) return nm_test_finish("test_batch");
     static const struct {

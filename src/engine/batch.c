@@ -72,8 +72,7 @@ nm_status nm_batch_new(const nm_model *model, int32_t max_sessions, int32_t n_ct
     b->kvs = zeroed(rows, sizeof(nm_kv_view), &ok);
     b->experts = zeroed((size_t)hp->n_layer, sizeof *b->experts, &ok);
     if (st == NM_OK && !ok)
-        st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a batch of %d sessions",
-                       max_sessions);
+        st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a batch of %d sessions", max_sessions);
     if (st == NM_OK) {
         for (int32_t il = 0; il < hp->n_layer; il++)
             b->experts[il] = &model->layers[il].experts;
@@ -124,8 +123,8 @@ static nm_status check_session(const nm_batch *b, nm_session *const *sessions, i
                          i);
     for (int32_t j = 0; j < i; j++)
         if (sessions[j] == s)
-            return nm_errorf(err, NM_ERR_INVALID_ARG, "sessions %d and %d are the same session",
-                             j, i);
+            return nm_errorf(err, NM_ERR_INVALID_ARG, "sessions %d and %d are the same session", j,
+                             i);
     if (ids[i] < 0 || ids[i] >= b->model->hp.n_vocab)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "token id %d of session %d is not in 0..%d",
                          ids[i], i, b->model->hp.n_vocab - 1);
@@ -134,8 +133,7 @@ static nm_status check_session(const nm_batch *b, nm_session *const *sessions, i
                          "session %d has no free position: %d of its %d positions are used (the "
                          "batch reaches %d)",
                          i, s->n_past, nm_engine_state_n_ctx(s->state), b->n_ctx);
-    if (nm_engine_state_rope_factors(s->state) !=
-        nm_engine_state_rope_factors(sessions[0]->state))
+    if (nm_engine_state_rope_factors(s->state) != nm_engine_state_rope_factors(sessions[0]->state))
         return nm_errorf(err, NM_ERR_INVALID_ARG,
                          "sessions 0 and %d have contexts on both sides of the model's original "
                          "%d positions (other RoPE factors): decode them in separate batches",

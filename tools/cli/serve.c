@@ -125,9 +125,9 @@ typedef struct reply {
     int fd; /* the client's socket, to notice that it left; -1: unknown */
     char id[48];
     json_int_t created;
-    size_t sent;      /* stream: bytes of text sent */
-    int32_t seen;     /* stream: tokens seen */
-    char *out;        /* stream: pending bytes */
+    size_t sent;  /* stream: bytes of text sent */
+    int32_t seen; /* stream: tokens seen */
+    char *out;    /* stream: pending bytes */
     size_t out_len, out_pos, out_cap;
     int phase; /* stream: 0 not started, 1 generating, 2 finished */
 } reply;
@@ -193,8 +193,7 @@ static size_t stream_safe(const reply *p) {
     }
     /* back to the start of the last character when it may be unfinished */
     size_t lead = safe;
-    while (lead > p->sent && safe - lead < 4 &&
-           ((unsigned char)q->text[lead - 1] & 0xc0) == 0x80)
+    while (lead > p->sent && safe - lead < 4 && ((unsigned char)q->text[lead - 1] & 0xc0) == 0x80)
         lead--;
     if (lead > p->sent) {
         const unsigned c = (unsigned char)q->text[lead - 1];
@@ -467,7 +466,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_data_size) { /* the rest of an over-long body is read and dropped */
         if (!b->too_large && b->len + *upload_data_size <= BODY_LIMIT)
-            b->too_large = !text_append(&b->bytes, &b->len, &b->cap, upload_data, *upload_data_size);
+            b->too_large =
+                !text_append(&b->bytes, &b->len, &b->cap, upload_data, *upload_data_size);
         else
             b->too_large = true;
         *upload_data_size = 0;
@@ -596,7 +596,8 @@ int cmd_serve(nm_model *model, const cli_options *o) {
     struct MHD_Daemon *d = NULL;
     if (rc == 0) {
         unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                         MHD_USE_ERROR_LOG | MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+                         MHD_USE_ERROR_LOG | MHD_USE_ITC |
+                         (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
         d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, &s,
                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
                              (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,

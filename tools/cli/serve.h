@@ -70,7 +70,7 @@ typedef struct metrics {
     } requests[STATUS_SLOTS];
     uint64_t prompt_tokens, generated_tokens;
     uint64_t decode_steps, decode_rows; /* batched steps, and their rows (slots) */
-    uint64_t finished[4]; /* by finish: stop, length, cancelled, error */
+    uint64_t finished[4];               /* by finish: stop, length, cancelled, error */
     uint64_t ttft[TTFT_BUCKETS + 1], speed[SPEED_BUCKETS + 1];
     double ttft_sum, speed_sum;
     uint64_t ttft_n, speed_n;
@@ -91,8 +91,8 @@ void metrics_destroy(metrics *m);
 void metrics_request(metrics *m, int route, unsigned status);
 /* A request that ended: its tokens, time to first token and decode speed
  * (tokens after the first per second; < 0: none). */
-void metrics_finished(metrics *m, finish_kind kind, size_t prompt, int32_t generated,
-                      double ttft_s, double tokens_per_s);
+void metrics_finished(metrics *m, finish_kind kind, size_t prompt, int32_t generated, double ttft_s,
+                      double tokens_per_s);
 /* One batched decode step of rows slots. */
 void metrics_step(metrics *m, int rows);
 /* The Prometheus text exposition (caller frees). */

@@ -47,8 +47,8 @@ static void observe(uint64_t *buckets, const double *bounds, int n, double v) {
     buckets[i]++;
 }
 
-void metrics_finished(metrics *m, finish_kind kind, size_t prompt, int32_t generated,
-                      double ttft_s, double tokens_per_s) {
+void metrics_finished(metrics *m, finish_kind kind, size_t prompt, int32_t generated, double ttft_s,
+                      double tokens_per_s) {
     pthread_mutex_lock(&m->lock);
     m->finished[kind]++;
     m->prompt_tokens += prompt;
@@ -146,8 +146,8 @@ char *metrics_text(metrics *m) {
     scalar(&t, "counter", "npumoe_decode_rows_total",
            "Rows of the decode steps (their mean batch is rows / steps).", (double)m->decode_rows);
     histogram(&t, "npumoe_time_to_first_token_seconds",
-              "From a request's arrival to its first generated token (queue and prefill).",
-              m->ttft, ttft_bounds, TTFT_BUCKETS, m->ttft_sum, m->ttft_n);
+              "From a request's arrival to its first generated token (queue and prefill).", m->ttft,
+              ttft_bounds, TTFT_BUCKETS, m->ttft_sum, m->ttft_n);
     histogram(&t, "npumoe_generation_tokens_per_second",
               "Per request: tokens after the first, per second of decoding.", m->speed,
               speed_bounds, SPEED_BUCKETS, m->speed_sum, m->speed_n);

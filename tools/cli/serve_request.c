@@ -114,8 +114,8 @@ static json_t *prompt_text(const request_env *env, json_t *body, bool chat, char
             m[i] = (nm_chat_message){json_string_value(role), contents[i]};
     }
     nm_error e = {0};
-    if (!err &&
-        nm_chat_apply_template(env->model, env->chat_template, m, count, true, text, n, &e) != NM_OK)
+    if (!err && nm_chat_apply_template(env->model, env->chat_template, m, count, true, text, n,
+                                       &e) != NM_OK)
         err = error_json("invalid_request_error", "chat_template", "%s", e.msg);
     for (size_t i = 0; contents && i < count; i++)
         free(contents[i]);

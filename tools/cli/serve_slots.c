@@ -238,7 +238,8 @@ static void prefill(scheduler *s, slot *sl, float *logits) {
  * (admitted[] gets their indices); the count admitted. */
 static int schedule(scheduler *s, int *admitted) {
     for (int i = 0; i < s->n_slots; i++)
-        if (s->slots[i].job && s->slots[i].job->cancelled) end_job(s, &s->slots[i], FINISH_CANCELLED);
+        if (s->slots[i].job && s->slots[i].job->cancelled)
+            end_job(s, &s->slots[i], FINISH_CANCELLED);
     int n = 0;
     while (s->q_len > 0) {
         int i = 0;
