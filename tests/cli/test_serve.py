@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""npumoe serve as an HTTP client meets it (issue 15, first slice), with the
-Python standard library alone (http.client).
+"""npumoe serve as an HTTP client meets it (issue 15), with the Python
+standard library alone (http.client, sockets).
 
 Usage: test_serve.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
 
-Starts the server on a free port (--port 0; the port is read from its
-stderr line) and checks: greedy and seeded answers equal `npumoe run`'s for
-the same prompt and settings (chat and plain), usage and finish_reason
-(length, stop), streamed chunks that join into the non-streamed text and end
-with [DONE], every bad request with its status and OpenAI-shaped error (the
-server answering a good request after them), the API key, a client that
-leaves mid-stream, the refusal of a non-loopback host without a key, and a
-clean exit on SIGTERM and SIGINT.
+Starts servers on free ports (--port 0; the port is read from stderr) and
+checks: greedy and seeded answers equal `npumoe run`'s for the same prompt
+and settings (chat and plain), usage and finish_reason (length, stop),
+streamed chunks that join into the non-streamed text and end with [DONE],
+every bad request with its status and OpenAI-shaped error (the server
+answering a good request after them), the API key, the refusal of a
+non-loopback host without a key, a clean exit on SIGTERM and SIGINT; with
+slots: the queue bound (503), clients that leave (cancelled, the slot free),
+SIGTERM with a stream in flight and one waiting, two streams sharing decode
+steps, 8 clients at once on 2 slots equal to one at a time, /metrics against
+what was sent, a plan-backed server equal to `npumoe run --plan`, and a
+bounded load after which the server exits 0 with no sanitizer report.
 """
 import argparse
 import http.client
@@ -422,6 +426,31 @@ def test_stop_mid_stream(b, model):
           "server_stopping, exit 0", f"exit {rc}: {got_a[-200:]!r} {got_w[-300:]!r}")
 
 
+def test_batched_steps(b, model):
+    """Two long streams on 2 slots run in the same decode steps: once both
+    have sent a chunk, /metrics' decode rows outgrow its steps (each step
+    one batch of both); when their clients leave, both are cancelled."""
+    srv = Server(b, model, ["-c", "4096", "-t", "2", "--parallel", "2"])
+    try:
+        long = {"prompt": "And", "stream": True, "max_tokens": 4000, "temperature": 0}
+        a = open_raw(srv, long)
+        read_until(a, b"data: ")
+        c = open_raw(srv, dict(long, prompt="In the beginning"))
+        read_until(c, b"data: ")
+        base = read_metrics(srv)
+        extra = metric(base, "npumoe_decode_rows_total") - metric(base, "npumoe_decode_steps_total")
+        batched = wait_for(srv, lambda v: metric(v, "npumoe_decode_rows_total") -
+                           metric(v, "npumoe_decode_steps_total") >= extra + 20)
+        a.close()
+        c.close()
+        gone = wait_for(srv, lambda v: metric(v, "npumoe_completions_total", finish="cancelled")
+                        == 2 and metric(v, "npumoe_slots_busy") == 0)
+        check(batched and gone, "two streams at once: their decode steps are one batch of 2 "
+              "rows; both cancelled when their clients leave", repr(read_metrics(srv)))
+    finally:
+        srv.stop(signal.SIGTERM)
+
+
 def test_concurrency(b, model):
     """8 clients at once on 2 slots (half of them streaming): every answer
     complete and equal to the same request sent alone, which equals npumoe
@@ -586,6 +615,7 @@ def main():
     test_api_key(b, model)
     test_queue_and_leave(b, model, {"Authorization": "Bearer k"}, ["--api-key", "k"])
     test_stop_mid_stream(b, model)
+    test_batched_steps(b, model)
     test_concurrency(b, model)
     test_plan(b, model)
     test_load(b, model)
