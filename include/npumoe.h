@@ -309,6 +309,32 @@ void nm_session_set_tap(nm_session *session, nm_tap_fn fn, void *ctx);
 /* Bytes the session allocated (KV cache and work buffers). */
 size_t nm_session_bytes(const nm_session *session);
 
+/* ---- several sessions decoding at once (continuous batching) ------------------ */
+
+typedef struct nm_batch nm_batch;
+
+/* Work buffers and threads to decode one token for each of up to
+ * max_sessions sessions of model in one pass, at positions below n_ctx.
+ * n_threads 0: every CPU. */
+nm_status nm_batch_new(const nm_model *model, int32_t max_sessions, int32_t n_ctx, int n_threads,
+                       nm_batch **out, nm_error *err);
+void nm_batch_free(nm_batch *batch);
+
+/* Appends ids[i] to sessions[i] for i < n (1..max_sessions distinct sessions
+ * of the batch's model, each with a free position below its own context and
+ * the batch's, all of one RoPE choice: contexts on one side of the model's
+ * original one) and writes logits [n][n_vocab]. Every weight's matrix
+ * product runs once over the n rows (attention projections, router,
+ * experts, head); attention runs per session over its own cache. The
+ * logits are those of nm_session_eval of each token alone up to the
+ * kernels' rounding, which may differ with the number of rows (equal with
+ * NPUMOE_KERNELS=ref). The MoE blocks run on the host (as every decode
+ * step); taps and metrics are not called nor counted. Nothing is
+ * evaluated when an argument is refused (NM_ERR_INVALID_ARG,
+ * NM_ERR_CAPACITY). */
+nm_status nm_batch_decode(nm_batch *batch, nm_session *const *sessions, const int32_t *ids,
+                          int32_t n, float *logits, nm_error *err);
+
 /* Peak resident memory of the process, in bytes (0 if unknown). */
 uint64_t nm_peak_rss_bytes(void);
 

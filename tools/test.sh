@@ -17,14 +17,19 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # to build an example against the installed library and to find jansson;
 # jansson, the JSON library of the whole project (the calibration, profile
 # and plan files, npumoe serve); libmicrohttpd (HTTP) for npumoe serve
-# (NM_SERVE=ON).
+# (NM_SERVE=ON); Node.js (with its npm) for the test that drives serve with
+# the openai npm package, which npm installs into the build folder from the
+# registry (cli_serve_openai).
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
           python3-torch python3-regex bible-kjv bible-kjv-text
-          libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev)
+          libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev
+          nodejs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+# Debian packages npm apart from nodejs; NodeSource's nodejs has it inside
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing: ${missing[*]}"
     sudo_cmd=""
@@ -113,7 +118,8 @@ TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j 
     -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
 
 echo "== libFuzzer (${fuzz_seconds}s per target)"
+# NM_SERVE=ON: fuzz_serve_request (npumoe serve's request parsing) is built
 CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON \
-    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON
+    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON -DNM_SERVE=ON
 cmake --build build/fuzz -j "$jobs"
 ctest --test-dir build/fuzz --output-on-failure -L fuzz

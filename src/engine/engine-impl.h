@@ -34,6 +34,19 @@ nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st);
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st);
 /* The tap every later batch reports to (fn NULL: none). */
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx);
+/* Layer il's part of the cache (its stage: the state's, NULL for F32). */
+nm_kv_view nm_engine_state_kv(const nm_model *m, const nm_engine_state *st, int32_t il);
+/* The RoPE factors the state's context size chose (NULL: none). */
+const float *nm_engine_state_rope_factors(const nm_engine_state *st);
+
+/* A session (session.c): the model, its runtime, the positions cached. */
+struct nm_session {
+    const nm_model *model;
+    nm_engine_state *state;
+    nm_mode mode;
+    nm_device *device;
+    int32_t n_past;
+};
 
 /* Runs n (1..n_batch) tokens (padded to a whole chunk in static modes) at positions
  * n_past..n_past+n-1 through every layer, writing their K/V into the cache. logits: NULL,

@@ -179,8 +179,9 @@ static bool engine_tap(void *ctx, int32_t layer, const char *name, const float *
     return false;
 }
 
-/* Layer il's part of the cache. */
-static nm_kv_view kv_view(const nm_model *m, const nm_engine_state *st, int32_t il) {
+const float *nm_engine_state_rope_factors(const nm_engine_state *st) { return st->rope_factors; }
+
+nm_kv_view nm_engine_state_kv(const nm_model *m, const nm_engine_state *st, int32_t il) {
     const size_t kv_dim = (size_t)m->hp.n_head_kv * m->hp.head_dim;
     const size_t off = (size_t)il * (size_t)st->n_kv * kv_dim;
     const size_t elem = st->kv_type == NM_KV_F16 ? sizeof(uint16_t) : sizeof(float);
@@ -231,7 +232,7 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
     nm_model_embed(m, ids, n, &b);
     st->stop_name = NULL;
     for (int32_t il = 0; il < hp->n_layer && !st->stop_name; il++) {
-        const nm_kv_view kv = kv_view(m, st, il);
+        const nm_kv_view kv = nm_engine_state_kv(m, st, il);
         if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
         nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
         nm_model_ffn_residual(m, il, &b);

@@ -10,14 +10,6 @@
 #include <string.h>
 #include <sys/resource.h>
 
-struct nm_session {
-    const nm_model *model;
-    nm_engine_state *state;
-    nm_mode mode;
-    nm_device *device;
-    int32_t n_past;
-};
-
 nm_session_params nm_session_default_params(void) {
     nm_session_params p = {.n_ctx = 0,
                            .n_batch = 0,

@@ -87,14 +87,14 @@ static void attention_task(void *p, int i, int thread) {
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
     float *scores = b->scores + (size_t)thread * (size_t)b->scores_stride;
-    if (c->kv->type == NM_KV_F16)
-        nm_attention_f16_forward(b->q + i * q_dim, c->kv->k, c->kv->v, kv_dim, b->n_past + i + 1,
-                                 hp->n_head, hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim,
-                                 scores);
+    const nm_kv_view *kv = b->kvs ? &b->kvs[i] : c->kv;
+    const int32_t n_kv = (b->pos ? b->pos[i] : b->n_past + i) + 1;
+    if (kv->type == NM_KV_F16)
+        nm_attention_f16_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, n_kv, hp->n_head,
+                                 hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim, scores);
     else
-        nm_attention_forward(b->q + i * q_dim, c->kv->k, c->kv->v, kv_dim, b->n_past + i + 1,
-                             hp->n_head, hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim,
-                             scores);
+        nm_attention_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, n_kv, hp->n_head,
+                             hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim, scores);
 }
 
 bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
@@ -105,11 +105,12 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
     const int64_t d = hp->n_embd, hd = hp->head_dim;
     const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
     const size_t past_off = (size_t)b->n_past * kv_dim;
-    const bool half = kv->type == NM_KV_F16;
-    NM_ASSERT(half == (kv->stage != NULL));
-    /* [n][kv_dim]: straight into an F32 cache; staged, then converted, for F16 */
-    float *k_new = half ? kv->stage : (float *)kv->k + past_off;
-    float *v_new = half ? kv->stage + (size_t)n * kv_dim : (float *)kv->v + past_off;
+    const bool half = kv->type == NM_KV_F16, rows = b->kvs != NULL;
+    NM_ASSERT(rows ? kv->stage != NULL : half == (kv->stage != NULL));
+    /* [n][kv_dim]: straight into an F32 cache; staged, then converted, for
+     * F16 or copied into each row's cache */
+    float *k_new = half || rows ? kv->stage : (float *)kv->k + past_off;
+    float *v_new = half || rows ? kv->stage + (size_t)n * kv_dim : (float *)kv->v + past_off;
 
     for (int32_t t = 0; t < n; t++)
         nm_model_norm(hp, b->x + t * d, l->attn_norm, l->attn_norm_b, b->xn + t * d, d);
@@ -133,13 +134,26 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
             nm_rmsnorm_forward(qt, l->q_norm, qt, q_dim, hp->rms_eps);
             nm_rmsnorm_forward(kt, l->k_norm, kt, kv_dim, hp->rms_eps);
         }
-        nm_model_rope(hp, b->rope_factors, qt, hp->n_head, b->n_past + t);
-        nm_model_rope(hp, b->rope_factors, kt, hp->n_head_kv, b->n_past + t);
+        const int32_t pos = b->pos ? b->pos[t] : b->n_past + t;
+        nm_model_rope(hp, b->rope_factors, qt, hp->n_head, pos);
+        nm_model_rope(hp, b->rope_factors, kt, hp->n_head_kv, pos);
     }
     if (!tap(b, il, "Qcur", b->q, q_dim) || !tap(b, il, "Kcur", k_new, kv_dim) ||
         !tap(b, il, "Vcur", v_new, kv_dim))
         return false;
-    if (half) {
+    for (int32_t t = 0; rows && t < n; t++) {
+        const nm_kv_view *r = &b->kvs[t];
+        const size_t off = (size_t)b->pos[t] * kv_dim, at = (size_t)t * kv_dim;
+        for (int64_t i = 0; i < kv_dim; i++)
+            if (r->type == NM_KV_F16) {
+                ((uint16_t *)r->k)[off + i] = nm_f32_to_f16(k_new[at + i]);
+                ((uint16_t *)r->v)[off + i] = nm_f32_to_f16(v_new[at + i]);
+            } else {
+                ((float *)r->k)[off + i] = k_new[at + i];
+                ((float *)r->v)[off + i] = v_new[at + i];
+            }
+    }
+    if (half && !rows) {
         uint16_t *k_half = (uint16_t *)kv->k + past_off, *v_half = (uint16_t *)kv->v + past_off;
         for (int64_t i = 0; i < (int64_t)n * kv_dim; i++) {
             k_half[i] = nm_f32_to_f16(k_new[i]);

@@ -224,6 +224,13 @@ typedef struct nm_model_batch {
     float *probs;          /* [n_expert] routing scratch */
     nm_tap_fn tap;         /* NULL: none */
     void *tap_ctx;
+    /* NULL: the rows are one sequence, row t at position n_past + t of the
+     * kv given to nm_model_attention. Else the rows are of different
+     * sequences (several sessions decoding at once): row t is at position
+     * pos[t] of the cache kvs[t], and the kv given only lends its stage
+     * ([2][n_rows][kv_dim] F32, whatever the caches' types) */
+    const int32_t *pos;
+    const nm_kv_view *kvs;
 } nm_model_batch;
 
 /* x of rows t < n from the embedding of ids[t]; rows n .. n_rows-1 (padding)

@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""npumoe serve as an HTTP client meets it (issue 15, first slice), with the
-Python standard library alone (http.client).
+"""npumoe serve as an HTTP client meets it (issue 15), with the Python
+standard library alone (http.client, sockets).
 
 Usage: test_serve.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
 
-Starts the server on a free port (--port 0; the port is read from its
-stderr line) and checks: greedy and seeded answers equal `npumoe run`'s for
-the same prompt and settings (chat and plain), usage and finish_reason
-(length, stop), streamed chunks that join into the non-streamed text and end
-with [DONE], every bad request with its status and OpenAI-shaped error (the
-server answering a good request after them), the API key, a client that
-leaves mid-stream, the refusal of a non-loopback host without a key, and a
-clean exit on SIGTERM and SIGINT.
+Starts servers on free ports (--port 0; the port is read from stderr) and
+checks: greedy and seeded answers equal `npumoe run`'s for the same prompt
+and settings (chat and plain), usage and finish_reason (length, stop),
+streamed chunks that join into the non-streamed text and end with [DONE],
+every bad request with its status and OpenAI-shaped error (the server
+answering a good request after them), the API key, the refusal of a
+non-loopback host without a key, a clean exit on SIGTERM and SIGINT; with
+slots: the queue bound (503), clients that leave (cancelled, the slot free),
+SIGTERM with a stream in flight and one waiting, two streams sharing decode
+steps, 8 clients at once on 2 slots equal to one at a time, /metrics against
+what was sent, a plan-backed server equal to `npumoe run --plan`, and a
+bounded load after which the server exits 0 with no sanitizer report.
 """
 import argparse
 import http.client
 import json
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -182,26 +190,326 @@ def test_answers(b, model, srv):
           "streamed completion joins into the non-streamed text", f"{joined!r} vs {text!r}")
 
 
-def test_leave_mid_stream(srv, auth):
-    """A client that asks for 4000 tokens (tens of seconds here) and closes its
-    connection after the first chunk: the slot is freed at once, so the next
-    request is answered in far less time than the abandoned one would take."""
-    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
-    c.request("POST", "/v1/completions",
-              body=json.dumps({"prompt": "And", "stream": True, "max_tokens": 4000,
-                               "temperature": 0}),
-              headers=dict(auth, **{"Content-Type": "application/json"}))
-    r = c.getresponse()
-    first = r.read(6)
-    c.sock.close()
-    c.close()
-    t0 = time.monotonic()
-    st, _, out = srv.request("POST", "/v1/completions",
-                             {"prompt": "And", "max_tokens": 3, "temperature": 0}, auth)
-    took = time.monotonic() - t0
-    check(first == b"data: " and st == 200 and out["usage"]["completion_tokens"] == 3 and
-          took < 8, "a client that leaves mid-stream frees the slot at once",
-          f"{first!r} {out!r}, the next request took {took:.1f} s")
+def read_metrics(srv, auth=None):
+    """GET /metrics parsed: {(name, ((label, value), ...)): float}; None when a
+    line is not Prometheus text (then a failed check says which)."""
+    st, headers, text = srv.request("GET", "/metrics", headers=auth)
+    out = {}
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
+    for line in text.splitlines() if st == 200 and isinstance(text, str) else ["<no text>"]:
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = line_re.match(line)
+        if not m:
+            check(False, "/metrics: every line is Prometheus text", repr(line))
+            return None
+        labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")))
+        out[(m.group(1), labels)] = float(m.group(3))
+    out[("content-type", ())] = headers.get("Content-Type", "")
+    return out
+
+
+def metric(values, name, **labels):
+    return (values or {}).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for(srv, cond, auth=None, limit_s=120):
+    """Polls /metrics until cond(values) holds (True) or limit_s passes."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if cond(read_metrics(srv, auth)):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def open_raw(srv, body, auth=None):
+    """A request on a socket of its own, the answer not read yet."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n")
+    for k, v in (auth or {}).items():
+        head += f"{k}: {v}\r\n"
+    s.sendall(head.encode() + b"\r\n" + data)
+    return s
+
+
+def read_until(s, marker):
+    got = b""
+    while marker not in got:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    return got
+
+
+def test_queue_and_leave(b, model, auth=None, extra=()):
+    """One slot, a queue of one: a long stream A (4000 tokens, about half a
+    minute here) holds the slot, B waits in the queue (/metrics says 1), C
+    gets 503 with an OpenAI-shaped error; A's client closes its connection
+    after the first chunk: A ends as cancelled and B takes the slot; B's
+    client leaves while it waits for tokens: cancelled too, the slot free;
+    a request then is served (the queue bound 0 + 1 free slot takes it).
+    Nothing here depends on time but the 4000 tokens outlasting a few
+    requests on loopback."""
+    srv = Server(b, model, ["-c", "4096", "-t", "2", "--parallel", "1", "--queue", "1"]
+                 + list(extra))
+    try:
+        long = {"prompt": "And", "stream": True, "max_tokens": 4000, "temperature": 0}
+        a = open_raw(srv, long, auth)
+        first = read_until(a, b"data: ")
+        bq = open_raw(srv, long, auth)
+        queued = wait_for(srv, lambda v: metric(v, "npumoe_queue_length") == 1, auth)
+        st, _, out = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2},
+                                 auth)
+        check(b"data: " in first and queued and st == 503 and is_error(out, "server_busy"),
+              "a full queue: 503 with an OpenAI-shaped error",
+              f"{first[-80:]!r} queued={queued} {st} {out!r}")
+        a.close()
+        moved = wait_for(srv, lambda v: metric(v, "npumoe_completions_total", finish="cancelled")
+                         == 1 and metric(v, "npumoe_queue_length") == 0 and
+                         metric(v, "npumoe_slots_busy") == 1, auth)
+        check(moved, "a client that leaves mid-stream: its job cancelled, the waiting one "
+              "takes the slot", "")
+        bq.close()
+        freed = wait_for(srv, lambda v: metric(v, "npumoe_completions_total", finish="cancelled")
+                         == 2 and metric(v, "npumoe_slots_busy") == 0, auth)
+        v = read_metrics(srv, auth)
+        check(freed and metric(v, "npumoe_generated_tokens_total") < 8000 and
+              metric(v, "npumoe_completions_total", finish="length") == 0,
+              "a client that leaves while waiting for tokens: cancelled, the slot freed",
+              repr({k: x for k, x in (v or {}).items() if "completions" in k[0]}))
+        st, _, out = srv.request("POST", "/v1/completions",
+                                 {"prompt": "And", "max_tokens": 3, "temperature": 0}, auth)
+        check(st == 200 and out["usage"]["completion_tokens"] == 3,
+              "after the clients left, a request is served", f"{st} {out!r}")
+    finally:
+        rc = srv.stop(signal.SIGTERM)
+    check(rc == 0, "the server exits 0 after clients left", f"exit {rc}")
+
+
+def test_load(b, model):
+    """A bounded load on loopback: 40 requests from 8 clients on 4 slots
+    (plain and chat, streamed and not, every fifth client leaving after its
+    first chunk), all within a generous limit. Every answer that was read
+    whole is complete; the server then exits 0 with nothing from a
+    sanitizer on stderr (the ASan build of the CI runs this test)."""
+    srv = Server(b, model, ["-c", "128", "-t", "2", "--parallel", "4", "--queue", "40",
+                            "--chat-template", "chatml"])
+    todo = list(range(40))
+    lock = threading.Lock()
+    bad = []
+    deadline = time.monotonic() + 240
+
+    def client():
+        while time.monotonic() < deadline:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            chat = i % 3 == 0
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            body = ({"messages": [{"role": "user", "content": f"Question {i}?"}]} if chat
+                    else {"prompt": f"Verse {i}: and"})
+            body.update(max_tokens=4 + i % 9, temperature=0.7, seed=i)
+            try:
+                if i % 5 == 4:
+                    s = open_raw(srv, dict(body, stream=True, prompt=f"Verse {i}"))
+                    read_until(s, b"data: ")
+                    s.close()
+                elif i % 2:
+                    st, _, ev, chunks, joined, fin = stream_text(srv, path, body)
+                    if st != 200 or ev[-1] != "[DONE]" or fin[-1] not in ("stop", "length"):
+                        bad.append((i, st, ev[-2:]))
+                else:
+                    st, _, out = srv.request("POST", path, body)
+                    if st != 200 or out["choices"][0]["finish_reason"] not in ("stop", "length"):
+                        bad.append((i, st, out))
+            except Exception as e:  # a failure of the server, reported as such
+                bad.append((i, repr(e)))
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not todo and not bad, "a bounded load (40 requests, 8 clients, 4 slots, some "
+          "leaving): every answer read whole is complete", repr(bad[:3]))
+    v = read_metrics(srv)
+    ended = sum(metric(v, "npumoe_completions_total", finish=f)
+                for f in ("stop", "length", "cancelled"))
+    check(wait_for(srv, lambda v: metric(v, "npumoe_slots_busy") == 0) and
+          metric(v, "npumoe_completions_total", finish="error") == 0 and ended <= 40,
+          "after the load: no failed generation, every slot free", repr(v))
+    rc = srv.stop(signal.SIGTERM)
+    err = "".join(srv.lines)
+    check(rc == 0 and "Sanitizer" not in err and "runtime error" not in err,
+          "after the load the server exits 0, no sanitizer report", err[-2000:])
+
+
+def test_plan(b, model):
+    """A server with --plan PLAN --device cpu prefills each request through
+    the static path: its answers equal npumoe run's with the same plan, on 2
+    slots at once, and /metrics has the static path's counters."""
+    tmp = tempfile.mkdtemp(prefix="nm_serve_")
+    text = os.path.join(tmp, "text.txt")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "models", "heldout.txt"), encoding="utf-8") as f, \
+            open(text, "w", encoding="utf-8") as g:
+        g.write(f.read()[:6000])
+    calib, prof, plan = (os.path.join(tmp, n) for n in ("c.json", "p.json", "plan.json"))
+    steps = [["calibrate", "-m", model, "-f", text, "--chunk", "32", "-o", calib],
+             ["profile", "-m", model, "--chunk", "32", "--reps", "1", "--grid-experts", "1,4",
+              "--grid-capacity", "4,32", "-o", prof],
+             ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan]]
+    for args in steps:
+        r = subprocess.run([b] + args, capture_output=True, timeout=300)
+        if r.returncode != 0:
+            check(False, f"npumoe {args[0]} for the plan test", r.stderr.decode()[-300:])
+            return
+    prompts = ["And the earth was without form, and void; and darkness was upon the face of "
+               "the deep. And the Spirit of God moved upon the face of the waters.",
+               "Now the serpent was more subtil than any beast of the field which the LORD God "
+               "had made. And he said unto the woman"]
+    refs = [run_json(b, model, ["--plan", plan, "--device", "cpu", "-p", p, "--temp", "0",
+                                "-n", "12", "-c", "128"]) for p in prompts]
+    srv = Server(b, model, ["-c", "128", "-t", "2", "--parallel", "2", "--plan", plan,
+                            "--device", "cpu"])
+    try:
+        results = [None] * len(prompts)
+
+        def client(i):
+            results[i] = srv.request("POST", "/v1/completions",
+                                     {"prompt": prompts[i], "max_tokens": 12, "temperature": 0})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = [r[2]["choices"][0]["text"] if r and r[0] == 200 else r for r in results]
+        check(got == [r["text"] for r in refs],
+              "a plan-backed server (2 slots at once) answers as npumoe run --plan",
+              f"{got!r} vs {[r['text'] for r in refs]!r}")
+        v = read_metrics(srv)
+        check(metric(v, "npumoe_static_chunks_total") > 0 and
+              metric(v, "npumoe_static_assignments_total") > 0 and
+              (v or {}).get(("npumoe_static_dropped_total", ())) is not None,
+              "/metrics with a plan: the static path's counters", repr(v))
+    finally:
+        rc = srv.stop(signal.SIGTERM)
+    check(rc == 0, "the plan-backed server exits 0", f"exit {rc}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_stop_mid_stream(b, model):
+    """SIGTERM while one stream generates (4000 tokens asked) and another
+    waits for the slot: the first ends at its next token with
+    finish_reason length and [DONE], the waiting one gets an error event
+    (server_stopping), and the server exits 0."""
+    srv = Server(b, model, ["-c", "4096", "-t", "2", "--parallel", "1", "--queue", "1"])
+    long = {"prompt": "And", "stream": True, "max_tokens": 4000, "temperature": 0}
+    a = open_raw(srv, long)
+    read_until(a, b"data: ")
+    w = open_raw(srv, long)
+    queued = wait_for(srv, lambda v: metric(v, "npumoe_queue_length") == 1)
+    rc = srv.stop(signal.SIGTERM)
+    got_a = read_until(a, b"data: [DONE]")
+    got_w = read_until(w, b"data: [DONE]")
+    a.close()
+    w.close()
+    check(queued and rc == 0 and b'"finish_reason":"length"' in got_a and
+          b"data: [DONE]" in got_a and b"server_stopping" in got_w,
+          "SIGTERM mid-stream: the stream ends (length, [DONE]), the waiting one gets "
+          "server_stopping, exit 0", f"exit {rc}: {got_a[-200:]!r} {got_w[-300:]!r}")
+
+
+def test_batched_steps(b, model):
+    """Two long streams on 2 slots run in the same decode steps: once both
+    have sent a chunk, /metrics' decode rows outgrow its steps (each step
+    one batch of both); when their clients leave, both are cancelled."""
+    srv = Server(b, model, ["-c", "4096", "-t", "2", "--parallel", "2"])
+    try:
+        long = {"prompt": "And", "stream": True, "max_tokens": 4000, "temperature": 0}
+        a = open_raw(srv, long)
+        read_until(a, b"data: ")
+        c = open_raw(srv, dict(long, prompt="In the beginning"))
+        read_until(c, b"data: ")
+        base = read_metrics(srv)
+        extra = metric(base, "npumoe_decode_rows_total") - metric(base, "npumoe_decode_steps_total")
+        batched = wait_for(srv, lambda v: metric(v, "npumoe_decode_rows_total") -
+                           metric(v, "npumoe_decode_steps_total") >= extra + 20)
+        a.close()
+        c.close()
+        gone = wait_for(srv, lambda v: metric(v, "npumoe_completions_total", finish="cancelled")
+                        == 2 and metric(v, "npumoe_slots_busy") == 0)
+        check(batched and gone, "two streams at once: their decode steps are one batch of 2 "
+              "rows; both cancelled when their clients leave", repr(read_metrics(srv)))
+    finally:
+        srv.stop(signal.SIGTERM)
+
+
+def test_concurrency(b, model):
+    """8 clients at once on 2 slots (half of them streaming): every answer
+    complete and equal to the same request sent alone, which equals npumoe
+    run's; then /metrics' counters against what was sent."""
+    srv = Server(b, model, ["-c", "128", "-t", "2", "--parallel", "2", "--queue", "8"])
+    try:
+        prompts = ["And God said", "In the beginning", "The LORD is my shepherd",
+                   "Now these are the generations", "And it came to pass",
+                   "Blessed is the man", "Hear, O Israel", "Let there be light"]
+        bodies = [{"prompt": p, "max_tokens": 8 + 3 * i, "temperature": 0}
+                  for i, p in enumerate(prompts)]
+        alone = [srv.request("POST", "/v1/completions", body)[2] for body in bodies]
+        ref = run_json(b, model, ["-p", prompts[2], "--temp", "0", "-n", "14", "-c", "128"])
+        check(alone[2]["choices"][0]["text"] == ref["text"],
+              "a greedy answer alone = npumoe run's", f"{alone[2]!r} vs {ref['text']!r}")
+        results = [None] * len(bodies)
+
+        def client(i):
+            if i % 2:
+                st, _, ev, chunks, joined, fin = stream_text(srv, "/v1/completions", bodies[i])
+                results[i] = (st, joined, fin[-1] if fin else None, ev[-1] if ev else None)
+            else:
+                st, _, out = srv.request("POST", "/v1/completions", bodies[i])
+                c = out["choices"][0] if st == 200 else {}
+                results[i] = (st, c.get("text"), c.get("finish_reason"), "[DONE]")
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bad = [(i, r, alone[i]["choices"][0]) for i, r in enumerate(results)
+               if r is None or r[0] != 200 or r[3] != "[DONE]" or
+               r[1] != alone[i]["choices"][0]["text"] or
+               r[2] != alone[i]["choices"][0]["finish_reason"]]
+        check(not bad, "8 clients at once on 2 slots: every answer complete and equal to the "
+              "one-at-a-time answer", repr(bad))
+        v = read_metrics(srv)
+        check((v or {}).get(("content-type", ()), "").startswith("text/plain; version=0.0.4"),
+              "/metrics: Prometheus's content type", repr(v))
+        n = len(bodies)
+        gen = 2 * sum(a["usage"]["completion_tokens"] for a in alone)
+        prompt_tokens = 2 * sum(a["usage"]["prompt_tokens"] for a in alone)
+        ended = sum(metric(v, "npumoe_completions_total", finish=f) for f in ("stop", "length"))
+        check(metric(v, "npumoe_requests_total", route="/v1/completions", status="200") == 2 * n
+              and metric(v, "npumoe_generated_tokens_total") == gen and
+              metric(v, "npumoe_prompt_tokens_total") == prompt_tokens and ended == 2 * n and
+              metric(v, "npumoe_time_to_first_token_seconds_count") == 2 * n and
+              metric(v, "npumoe_time_to_first_token_seconds_bucket", le="+Inf") == 2 * n and
+              metric(v, "npumoe_slots") == 2 and metric(v, "npumoe_slots_busy") == 0 and
+              metric(v, "npumoe_queue_length") == 0 and
+              metric(v, "npumoe_decode_rows_total") >= metric(v, "npumoe_decode_steps_total") > 0,
+              "/metrics: requests, tokens, completions, TTFT, slots and queue match what was sent",
+              repr(v))
+        buckets = [x for (name, _), x in sorted((v or {}).items())
+                   if name == "npumoe_generation_tokens_per_second_bucket"]
+        check(len(buckets) == 12, "/metrics: a generation-speed histogram", repr(buckets))
+    finally:
+        srv.stop(signal.SIGTERM)
 
 
 def test_errors(srv, model):
@@ -273,7 +581,6 @@ def test_api_key(b, model):
           "the right key: /v1/models lists the model", repr(out))
     st, _, out = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, good)
     check(st == 200, "the right key: a completion", repr(out))
-    test_leave_mid_stream(srv, good)
     rc = srv.stop(signal.SIGINT)
     check(rc == 0, "SIGINT: the server exits 0", f"exit {rc}")
 
@@ -306,6 +613,12 @@ def main():
     check(rc == 0 and any("SIGTERM" in l for l in srv.lines), "SIGTERM: the server exits 0",
           f"exit {rc}: {''.join(srv.lines)[-500:]}")
     test_api_key(b, model)
+    test_queue_and_leave(b, model, {"Authorization": "Bearer k"}, ["--api-key", "k"])
+    test_stop_mid_stream(b, model)
+    test_batched_steps(b, model)
+    test_concurrency(b, model)
+    test_plan(b, model)
+    test_load(b, model)
     print(f"test_serve: {test_cli.passed} passed, {test_cli.failed} failed")
     return 1 if test_cli.failed else 0
 

@@ -99,14 +99,15 @@ static const option_def option_table[] = {
     {"type", 0, KIND_STR, F(quant_type), 0, 0, CMD_QUANTIZE, "TYPE",
      "quantisation: q8_0, q4_0, q4_k, q5_k, q6_k, f16, bf16, f32 (every quantisable tensor), "
      "or the mixes q4_k_m, q5_k_m, q4_k_s, q5_k_s (llama.cpp's); docs/USAGE.md"},
-    {"mode", 0, KIND_STR, F(mode), 0, 0, STATIC, "MODE",
+    {"mode", 0, KIND_STR, F(mode), 0, 0, STATIC | CMD_SERVE, "MODE",
      "MoE prefill mode: dense, naive, tiers, grouped, npumoe (default dense; npumoe with --plan)"},
-    {"plan", 0, KIND_STR, F(plan), 0, 0, STATIC, "FILE", "static plan made by npumoe plan"},
-    {"device", 0, KIND_STR, F(device), 0, 0, STATIC | CMD_PROFILE, "NAME",
+    {"plan", 0, KIND_STR, F(plan), 0, 0, STATIC | CMD_SERVE, "FILE",
+     "static plan made by npumoe plan"},
+    {"device", 0, KIND_STR, F(device), 0, 0, STATIC | CMD_PROFILE | CMD_SERVE, "NAME",
      "static-graph device: cpu (default), vulkan (the first), vulkan:N (npumoe devices)"},
-    {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE, "N",
-     "worker threads of the cpu device (default 1)"},
-    {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC, "T",
+    {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE | CMD_SERVE,
+     "N", "worker threads of the cpu device (default 1)"},
+    {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC | CMD_SERVE, "T",
      "prefill chunk: tokens per static step (default: the plan's, else 256)"},
     {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, CMD_CALIBRATE | CMD_PROFILE, "T",
      "prefill chunk: tokens per static step (default 256)"},
@@ -179,6 +180,11 @@ static const option_def option_table[] = {
      "every route but /health requires the header 'Authorization: Bearer KEY'"},
     {"insecure", 0, KIND_FLAG, F(insecure), 0, 0, CMD_SERVE, NULL,
      "serve a non-loopback --host without --api-key (anyone who reaches it may use it)"},
+    {"parallel", 0, KIND_I32, F(parallel), 1, 256, CMD_SERVE, "N",
+     "slots: requests generated at once, each with its own KV cache, their decode steps "
+     "batched (default 1)"},
+    {"queue", 0, KIND_I32, F(queue), 0, 1 << 16, CMD_SERVE, "M",
+     "requests that may wait for a slot; more get 503 (default 32)"},
     {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE | CMD_DEVICES, NULL,
      "show this help"},
 };
@@ -220,10 +226,12 @@ static const struct {
      "TTFT and host CPU time of the prefill modes over prompt lengths (Markdown, JSON, SVG); "
      "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
     {"serve", CMD_SERVE,
-     "serve -m MODEL [--host ADDR] [--port N] [-c N] [--api-key KEY] [--chat-template NAME] "
-     "[-t N]",
+     "serve -m MODEL [--host ADDR] [--port N] [-c N] [--parallel N] [--queue M] "
+     "[--plan PLAN --device DEV] [--api-key KEY] [--chat-template NAME] [-t N]",
      "an OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions "
-     "(streamed with \"stream\": true), GET /v1/models and /health; one request at a time"},
+     "(streamed with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus); "
+     "N slots whose decode steps run as one batch, prefills through the static path with "
+     "--plan"},
     {"devices", CMD_DEVICES, "devices",
      "list the static-graph devices this machine can open (cpu, each Vulkan device) with "
      "their memory and float16/int8 support, and why Vulkan cannot be used if it cannot"},
@@ -252,6 +260,8 @@ static void set_defaults(cli_options *o) {
     o->seed = sp.seed;
     o->device_memory = UINT64_MAX; /* unlimited unless given; 0 keeps every expert on the host */
     o->port = 8080;
+    o->parallel = 1;
+    o->queue = 32;
 }
 
 static bool option_matches(const option_def *d, const char *arg) {

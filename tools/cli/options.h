@@ -78,6 +78,8 @@ typedef struct cli_options {
     int32_t port;              /* serve: the TCP port (default 8080; 0 = any free one) */
     const char *api_key;       /* serve: the key every route but /health requires */
     bool insecure;             /* serve: a non-loopback --host without --api-key */
+    int32_t parallel;          /* serve: slots (sessions decoding together) */
+    int32_t queue;             /* serve: requests that may wait for a slot */
     bool chat;
     bool json;
     bool all;
