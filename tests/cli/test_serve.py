@@ -15,7 +15,9 @@ slots: the queue bound (503), clients that leave (cancelled, the slot free),
 SIGTERM with a stream in flight and one waiting, two streams sharing decode
 steps, 8 clients at once on 2 slots equal to one at a time, /metrics against
 what was sent, a plan-backed server equal to `npumoe run --plan`, and a
-bounded load after which the server exits 0 with no sanitizer report.
+bounded load after which the server exits 0 with no sanitizer report; a
+client sending its body slowly cut off at --timeout, connections beyond
+--max-connections closed unanswered.
 """
 import argparse
 import http.client
@@ -585,6 +587,68 @@ def test_api_key(b, model):
     check(rc == 0, "SIGINT: the server exits 0", f"exit {rc}")
 
 
+def closed_within(s, limit_s):
+    """Whether the server closes s (recv gives nothing, or a reset) within
+    limit_s seconds, reading and dropping whatever it sends first."""
+    s.settimeout(limit_s)
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_slow_and_many(b, model):
+    """--timeout 2: a client that sends half its body and then nothing is cut
+    off after about 2 s (well before 20 s); --max-connections 4: with four
+    silent connections open, a fifth is closed as it arrives; once they are
+    gone the server answers a normal request."""
+    srv = Server(b, model, ["-c", "128", "-t", "2", "--timeout", "2", "--max-connections", "4"])
+    try:
+        body = json.dumps({"prompt": "Once", "max_tokens": 2, "temperature": 0}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                  f"{len(body)}\r\n\r\n".encode() + body[:5])
+        t0 = time.monotonic()
+        closed = closed_within(s, 20)
+        took = time.monotonic() - t0
+        s.close()
+        check(closed and took < 15, "--timeout 2: a body sent slowly is cut off",
+              f"closed={closed} after {took:.1f} s")
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=60) for _ in range(4)]
+        time.sleep(0.5)  # the server has taken all four
+        fifth = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+        try:
+            fifth.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        except OSError:
+            pass  # already closed: as good
+        got = b""
+        fifth.settimeout(1.5)  # well below --timeout: an answer would come at once
+        try:
+            while True:
+                chunk = fifth.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+        except (ConnectionResetError, socket.timeout):
+            pass
+        fifth.close()
+        check(b"200" not in got.split(b"\r\n")[0],
+              "--max-connections 4: a fifth connection is closed unanswered", repr(got[:200]))
+        for c in idle:
+            c.close()
+        time.sleep(0.5)
+        st, _, out = srv.request("POST", "/v1/completions", body=json.loads(body))
+        check(st == 200 and out["choices"][0]["finish_reason"] == "length",
+              "after the slow and surplus connections a request is answered", repr(out)[:300])
+    finally:
+        rc = srv.stop(signal.SIGTERM)
+    check(rc == 0, "the server exits 0 after them", f"exit {rc}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
@@ -619,6 +683,7 @@ def main():
     test_concurrency(b, model)
     test_plan(b, model)
     test_load(b, model)
+    test_slow_and_many(b, model)
     print(f"test_serve: {test_cli.passed} passed, {test_cli.failed} failed")
     return 1 if test_cli.failed else 0
 

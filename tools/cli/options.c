@@ -185,6 +185,11 @@ static const option_def option_table[] = {
      "batched (default 1)"},
     {"queue", 0, KIND_I32, F(queue), 0, 1 << 16, CMD_SERVE, "M",
      "requests that may wait for a slot; more get 503 (default 32)"},
+    {"timeout", 0, KIND_I32, F(timeout_s), 1, 86400, CMD_SERVE, "S",
+     "seconds a connection may stay silent (a client sending its request slowly is cut off "
+     "after it; default 30)"},
+    {"max-connections", 0, KIND_I32, F(max_connections), 1, 1 << 16, CMD_SERVE, "N",
+     "connections open at once; more are closed as they arrive (default 64)"},
     {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE | CMD_DEVICES, NULL,
      "show this help"},
 };
@@ -227,6 +232,7 @@ static const struct {
      "with -p/-n, llama-bench-like throughput tests pp N and tg N (median tokens/s)"},
     {"serve", CMD_SERVE,
      "serve -m MODEL [--host ADDR] [--port N] [-c N] [--parallel N] [--queue M] "
+     "[--timeout S] [--max-connections N] "
      "[--plan PLAN --device DEV] [--api-key KEY] [--chat-template NAME] [-t N]",
      "an OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions "
      "(streamed with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus); "
@@ -262,6 +268,8 @@ static void set_defaults(cli_options *o) {
     o->port = 8080;
     o->parallel = 1;
     o->queue = 32;
+    o->timeout_s = 30;
+    o->max_connections = 64;
 }
 
 static bool option_matches(const option_def *d, const char *arg) {

@@ -80,6 +80,8 @@ typedef struct cli_options {
     bool insecure;             /* serve: a non-loopback --host without --api-key */
     int32_t parallel;          /* serve: slots (sessions decoding together) */
     int32_t queue;             /* serve: requests that may wait for a slot */
+    int32_t timeout_s;         /* serve: seconds a connection may stay silent */
+    int32_t max_connections;   /* serve: connections open at once */
     bool chat;
     bool json;
     bool all;

@@ -27,8 +27,6 @@
 
 enum {
     BODY_LIMIT = 1 << 20, /* bytes of a request body; more is 413 */
-    CONNECTION_LIMIT = 64,
-    CONNECTION_TIMEOUT_S = 30, /* a client that sends its body slowly */
     WAIT_MS = 100,             /* how often a waiting connection looks at its client */
     STOP_WAIT_S = 10,          /* at a stop signal, the longest wait for answers to go */
 };
@@ -600,8 +598,8 @@ int cmd_serve(nm_model *model, const cli_options *o) {
                          (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
         d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, &s,
                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
-                             (unsigned)CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
-                             (unsigned)CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                             (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                             (unsigned)o->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
                              NULL, MHD_OPTION_END);
         if (!d) rc = fail("cannot listen on %s port %s (in use? see the line above)", host, port);
     }
