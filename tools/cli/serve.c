@@ -83,38 +83,6 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
 
 /* ---- a request's answer ---- */
 
-/* Bytes of text as valid UTF-8: bytes that are not become U+FFFD (caller
- * frees). */
-static char *utf8_clean(const char *text, size_t n, size_t *out_n) {
-    char *out = malloc(3 * n + 1);
-    if (!out) return NULL;
-    const unsigned char *s = (const unsigned char *)text;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t len = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
-        uint32_t cp = len == 4 ? c & 7 : len == 3 ? c & 15 : len == 2 ? c & 31 : c;
-        bool ok = len >= 1 && c <= 0xf4 && i + len <= n;
-        for (size_t j = 1; ok && j < len; j++) {
-            ok = (s[i + j] & 0xc0) == 0x80;
-            cp = (cp << 6) | (s[i + j] & 0x3f);
-        }
-        const uint32_t min = len == 4 ? 0x10000 : len == 3 ? 0x800 : 0;
-        if (ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff)) {
-            memcpy(out + o, s + i, len);
-            o += len;
-            i += len;
-        } else {
-            memcpy(out + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
-    }
-    out[o] = '\0';
-    *out_n = o;
-    return out;
-}
-
 /* A connection's side of a completion: its job and what the answer has
  * sent. Every read of the job's text is under the scheduler's lock. */
 typedef struct reply {
@@ -147,22 +115,22 @@ static json_t *usage_json(const job *q) {
 /* A choice (chat: a message or delta; else text) of text[from, to). */
 static json_t *choice_json(const job *q, size_t from, size_t to, bool delta, bool with_role,
                            const char *finish) {
-    size_t n = 0;
-    char *clean = utf8_clean(q->text ? q->text + from : "", to - from, &n);
-    if (!clean) return NULL;
+    /* the text, invalid UTF-8 (a token ending inside a character) as U+FFFD */
+    json_t *text = json_text(q->text ? q->text + from : "", to - from);
+    if (!text) return NULL;
     json_t *c = json_pack("{s:i, s:o}", "index", 0, "finish_reason",
                           finish ? json_string(finish) : json_null());
     if (q->g.chat) {
         json_t *m = json_object();
         if (with_role || !delta) json_object_set_new(m, "role", json_string("assistant"));
         if (!delta || to > from || with_role)
-            json_object_set_new(m, "content", json_stringn(clean, n));
+            json_object_set_new(m, "content", json_incref(text));
         json_object_set_new(c, delta ? "delta" : "message", m);
     } else {
-        json_object_set_new(c, "text", json_stringn(clean, n));
+        json_object_set_new(c, "text", json_incref(text));
         json_object_set_new(c, "logprobs", json_null());
     }
-    free(clean);
+    json_decref(text);
     return c;
 }
 
