@@ -118,8 +118,7 @@ TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j 
     -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
 
 echo "== libFuzzer (${fuzz_seconds}s per target)"
-# NM_SERVE=ON: fuzz_serve_request (npumoe serve's request parsing) is built
 CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON \
-    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON -DNM_SERVE=ON
+    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON
 cmake --build build/fuzz -j "$jobs"
 ctest --test-dir build/fuzz --output-on-failure -L fuzz
