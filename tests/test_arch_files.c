@@ -153,5 +153,8 @@ int main(void) {
                    &(change){.key = "qwen2moe.expert_shared_feed_forward_length", .value = &u32},
                    NM_ERR_FORMAT, "ffn_gate_shexp.weight' has shape",
                    "qwen2moe shared width unlike its tensors");
+    /* without the key, the shared width is feed_forward_length (48 here) */
+    expect_refused(q2, &(change){.key = "qwen2moe.expert_shared_feed_forward_length"},
+                   NM_ERR_FORMAT, "expected {16, 48}", "qwen2moe without the shared width key");
     return nm_test_finish("test_arch_files");
 }

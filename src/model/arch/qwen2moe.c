@@ -9,17 +9,22 @@
  * width is feed_forward_length, as llama.cpp reads it. */
 #include "model/model.h"
 
+#include <stdio.h>
+
 static nm_status load(nm_model *m, nm_error *err) {
     m->hp.norm = NM_NORM_RMS;
     m->hp.rope = NM_ROPE_NEOX;
     m->hp.qk_norm = NM_QK_NORM_NONE;
     m->route = nm_route_softmax_topk;
     nm_status st = nm_model_load_hparams(m, err);
-    if (st == NM_OK)
-        st = nm_model_hparam_i32(m, "feed_forward_length", true, &m->hp.n_ff_shexp, err);
-    if (st == NM_OK)
-        st = nm_model_hparam_i32(m, "expert_shared_feed_forward_length", false, &m->hp.n_ff_shexp,
-                                 err);
+    if (st == NM_OK) {
+        char key[96];
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", m->arch->name);
+        st = nm_model_hparam_i32(m,
+                                 nm_gguf_find(m->gguf, key) ? "expert_shared_feed_forward_length"
+                                                            : "feed_forward_length",
+                                 true, &m->hp.n_ff_shexp, err);
+    }
     if (st != NM_OK) return st;
     if (m->hp.n_ff_shexp < 1 || m->hp.n_ff_shexp > (1 << 20))
         return nm_errorf(err, NM_ERR_FORMAT,
