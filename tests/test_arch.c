@@ -1,5 +1,7 @@
-/* End-to-end logits of olmoe, llama-with-experts (Mixtral) and phimoe (under
- * --compat llama.cpp) against llama.cpp's goldens in vectors/tiny-*: every
+/* End-to-end logits of olmoe, llama-with-experts (Mixtral), phimoe (under
+ * --compat llama.cpp) and qwen2moe against llama.cpp's goldens in
+ * vectors/tiny-* (qwen2moe's in tests/vectors/, made by hand with a
+ * llama.cpp of Feb 2025; tests/vectors/README.md): every
  * stored position of the one-shot prefill, batches of 16 on 2 threads, split
  * prefill + one-token decodes; the experts chosen at every position of the
  * one-shot prefill where the router gap exceeds 1e-4; the 24-token greedy
@@ -7,6 +9,7 @@
  * (past it a correct engine may pick the other token).
  * Tolerances, max|d| / max|golden| per row (vectors README "achievable"):
  *   tiny-olmoe, F32:            1e-5;
+ *   tiny-qwen2moe, F16 embd/out: 1e-5 (as tiny-phimoe, below);
  *   tiny-phimoe, F16 embd/out:  1e-5 (compat rounds the output matmul's
  *                               input to F16, as ggml does);
  *   tiny-mixtral, all F16:      1e-3 (compat rounds matmul inputs to F16,
@@ -76,9 +79,12 @@ static int compare_experts(const char *dir, int p, int n, int n_layer, int k, in
     return compared;
 }
 
-static void run_model(const char *name, nm_compat compat, double tol) {
+/* Where the goldens of this repository live (the others: NM_VECTORS_DIR). */
+#define OWN_VECTORS NM_SOURCE_DIR "/tests/vectors"
+
+static void run_model(const char *base, const char *name, nm_compat compat, double tol) {
     char dir[512], path[1024];
-    snprintf(dir, sizeof dir, "%s/%s", NM_VECTORS_DIR, name);
+    snprintf(dir, sizeof dir, "%s/%s", base, name);
     snprintf(path, sizeof path, "%s/model.gguf", dir);
     nm_model_params mp = nm_model_default_params();
     mp.compat = compat;
@@ -235,9 +241,10 @@ static void phimoe_semantics_distance(void) {
 }
 
 int main(void) {
-    run_model("tiny-olmoe", NM_COMPAT_NONE, 1e-5);
-    run_model("tiny-phimoe", NM_COMPAT_LLAMA_CPP, 1e-5);
-    run_model("tiny-mixtral", NM_COMPAT_LLAMA_CPP, 1e-3);
+    run_model(NM_VECTORS_DIR, "tiny-olmoe", NM_COMPAT_NONE, 1e-5);
+    run_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_LLAMA_CPP, 1e-5);
+    run_model(NM_VECTORS_DIR, "tiny-mixtral", NM_COMPAT_LLAMA_CPP, 1e-3);
+    run_model(OWN_VECTORS, "tiny-qwen2moe", NM_COMPAT_LLAMA_CPP, 1e-5);
     phimoe_semantics_distance();
     return nm_test_finish("test_arch");
 }

@@ -2,7 +2,9 @@
  * wrong: copies of the tiny models with one key changed or one tensor
  * removed or added (a dense llama, GQA in olmoe, a missing phimoe bias, half
  * of the RoPE factors, fused q/k/v, the old per-expert Mixtral layout, a
- * bad attention factor, weights of a type npumoe cannot compute with). The
+ * bad attention factor, weights of a type npumoe cannot compute with,
+ * qwen2moe without a shared-expert tensor or a v bias, or with a shared
+ * width that is 0 or not the tensors'). The
  * copies are written to the build folder. */
 #include "harness.h"
 
@@ -76,7 +78,10 @@ static bool write_copy(const char *src, const change *c, const char *dst) {
 static void expect_refused(const char *model, const change *c, nm_status want, const char *needle,
                            const char *what) {
     char src[1024], dst[1024];
-    snprintf(src, sizeof src, "%s/%s/model.gguf", NM_VECTORS_DIR, model);
+    if (model[0] == '/') /* a folder of this repository's vectors */
+        snprintf(src, sizeof src, "%s/model.gguf", model);
+    else
+        snprintf(src, sizeof src, "%s/%s/model.gguf", NM_VECTORS_DIR, model);
     snprintf(dst, sizeof dst, "%s/test_arch_files.gguf", NM_BUILD_DIR);
     CHECK(write_copy(src, c, dst));
     nm_model *m = NULL;
@@ -132,5 +137,24 @@ int main(void) {
                    &(change){.retype = "blk.0.attn_q.weight", .retype_to = NM_DTYPE_IQ2_XXS},
                    NM_ERR_UNSUPPORTED, "'blk.0.attn_q.weight' has type iq2_xxs",
                    "iq2_xxs attention weights");
+    const char *q2 = NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe";
+    expect_refused(q2, &(change){.drop_tensor = "blk.1.ffn_up_shexp.weight"}, NM_ERR_NOT_FOUND,
+                   "blk.1.ffn_up_shexp.weight", "qwen2moe without a shared expert's up matrix");
+    expect_refused(q2, &(change){.drop_tensor = "blk.2.ffn_gate_inp_shexp.weight"},
+                   NM_ERR_NOT_FOUND, "ffn_gate_inp_shexp", "qwen2moe without the shared gate");
+    expect_refused(q2, &(change){.drop_tensor = "blk.0.attn_v.bias"}, NM_ERR_NOT_FOUND,
+                   "blk.0.attn_v.bias", "qwen2moe without a v bias");
+    u32.v.u64 = 0;
+    expect_refused(q2,
+                   &(change){.key = "qwen2moe.expert_shared_feed_forward_length", .value = &u32},
+                   NM_ERR_FORMAT, "expert_shared_feed_forward_length", "qwen2moe shared width 0");
+    u32.v.u64 = 40;
+    expect_refused(q2,
+                   &(change){.key = "qwen2moe.expert_shared_feed_forward_length", .value = &u32},
+                   NM_ERR_FORMAT, "ffn_gate_shexp.weight' has shape",
+                   "qwen2moe shared width unlike its tensors");
+    /* without the key, the shared width is feed_forward_length (48 here) */
+    expect_refused(q2, &(change){.key = "qwen2moe.expert_shared_feed_forward_length"},
+                   NM_ERR_FORMAT, "expected {16, 48}", "qwen2moe without the shared width key");
     return nm_test_finish("test_arch_files");
 }

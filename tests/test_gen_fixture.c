@@ -2,7 +2,9 @@
  * byte-identical to the llama.cpp-loadable golden tiny-qwen3moe model when
  * given that model's settings; weights must have the designed statistics;
  * the router must be skewed, differently per layer; output must be
- * deterministic; bad arguments must fail with one line. */
+ * deterministic; --arch qwen2moe must remake tests/vectors/tiny-qwen2moe
+ * byte for byte (the model llama.cpp's qwen2moe goldens were made from);
+ * bad arguments must fail with one line. */
 #include "harness.h"
 
 #include "base/base.h"
@@ -352,6 +354,24 @@ static void test_extract_vocab(void) {
     remove(TMP "-v.gguf");
 }
 
+/* The committed qwen2moe fixture, remade with the command in
+ * tests/vectors/README.md: the same bytes. */
+static void test_qwen2moe_remade(void) {
+    const char *args = "--arch qwen2moe --vocab '" VOCAB "' --seed 1016 --layers 3 --d-model 16 "
+                       "--heads 2 --kv-heads 1 --head-dim 8 --experts 8 --experts-used 4 --ffn 16 "
+                       "--shared-ffn 32 --embd-type f16 --ctx 4096";
+    nm_gguf *g = generate(args, TMP ".gguf");
+    nm_gguf_close(g);
+    size_t n_new = 0, n_old = 0;
+    unsigned char *fresh = nm_test_read_file(TMP ".gguf", &n_new);
+    unsigned char *committed =
+        nm_test_read_file(NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf", &n_old);
+    CHECK(fresh && committed && n_new == n_old && memcmp(fresh, committed, n_new) == 0);
+    free(fresh);
+    free(committed);
+    remove(TMP ".gguf");
+}
+
 static void test_bad_arguments(void) {
     const char *bad[] = {
         "--layers 0 -o x.gguf",
@@ -368,6 +388,9 @@ static void test_bad_arguments(void) {
         "--d-model 12abc -o x.gguf",
         "--seed 1 --seed 2 -o x.gguf",
         "--d-model 16384 --ffn 65536 --experts 1024 -o x.gguf",
+        "--arch llama -o x.gguf",
+        "--shared-ffn 8 -o x.gguf",
+        "--embd-type q8_0 -o x.gguf",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int n_err;
@@ -378,10 +401,10 @@ static void test_bad_arguments(void) {
     CHECK_INT_EQ(run("--help", &n_err), 0);
     size_t n;
     char *help = (char *)nm_test_read_file(TMP ".out", &n);
-    const char *names[] = {"--seed",     "--layers",        "--d-model", "--heads",
-                           "--kv-heads", "--head-dim",      "--experts", "--experts-used",
-                           "--ffn",      "--ctx",           "--type",    "--tied",
-                           "--vocab",    "--extract-vocab", "-o"};
+    const char *names[] = {
+        "--seed",    "--layers",        "--d-model", "--heads", "--kv-heads",   "--head-dim",
+        "--experts", "--experts-used",  "--ffn",     "--ctx",   "--type",       "--tied",
+        "--vocab",   "--extract-vocab", "-o",        "--arch",  "--shared-ffn", "--embd-type"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         CHECK(help && strstr(help, names[i]));
     free(help);
@@ -394,6 +417,7 @@ int main(void) {
     test_weights_and_router();
     test_determinism_and_types();
     test_extract_vocab();
+    test_qwen2moe_remade();
     test_bad_arguments();
     return nm_test_finish("test_gen_fixture");
 }

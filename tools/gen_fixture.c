@@ -1,6 +1,7 @@
-/* nm_gen_fixture: writes tiny random-weight qwen3moe GGUF models, laid out key
- * for key and tensor for tensor as llama.cpp's convert_hf_to_gguf.py writes
- * Qwen3-MoE, so that CI can run the whole engine without downloading a model.
+/* nm_gen_fixture: writes tiny random-weight qwen3moe (or qwen2moe) GGUF
+ * models, laid out key for key and tensor for tensor as llama.cpp's
+ * convert_hf_to_gguf.py writes Qwen3-MoE (Qwen2-MoE), so that CI can run the
+ * whole engine without downloading a model.
  * The weights come from a seeded generator that gives the same bytes on
  * every machine, and the router is skewed the way trained routers are (a few
  * experts take most tokens, a different few in each layer). A second mode,
@@ -23,7 +24,6 @@
 #endif
 
 #define PROG "nm_gen_fixture"
-#define ARCH "qwen3moe"
 /* a fixture, not a model; the 4-layer Qwen3-30B-A3B shape is 3.1e9 */
 #define MAX_PARAMS 4000000000ll
 
@@ -32,8 +32,11 @@
 typedef struct config {
     int64_t seed, n_layer, d_model, n_head, n_head_kv, head_dim, n_expert, n_expert_used, n_ff,
         n_ctx, n_vocab;
-    const char *type_name; /* f32 | f16 | bf16 */
-    int64_t tied;          /* flag: 0 or 1 */
+    int64_t n_ff_shexp;         /* qwen2moe: the shared expert's width */
+    const char *arch;           /* qwen3moe | qwen2moe */
+    const char *type_name;      /* f32 | f16 | bf16 */
+    const char *embd_type_name; /* of token_embd and output; NULL: type_name */
+    int64_t tied;               /* flag: 0 or 1 */
     const char *vocab_path, *extract_path, *out_path, *name;
     int64_t help;
 } config;
@@ -65,11 +68,17 @@ static const option options[] = {
     {"--experts-used", OPT_INT, FIELD(n_expert_used), 1, 1024, "N",
      "experts per token, at most --experts (default 4)"},
     {"--ffn", OPT_INT, FIELD(n_ff), 1, 65536, "N", "expert hidden width (default 32)"},
+    {"--arch", OPT_STR, FIELD(arch), 0, 0, "qwen3moe|qwen2moe",
+     "architecture (default qwen3moe); qwen2moe has q/k/v biases and a shared expert"},
+    {"--shared-ffn", OPT_INT, FIELD(n_ff_shexp), 1, 65536, "N",
+     "qwen2moe: the shared expert's hidden width (default 64)"},
     {"--ctx", OPT_INT, FIELD(n_ctx), 1, 1 << 24, "N", "trained context length (default 4096)"},
     {"--n-vocab", OPT_INT, FIELD(n_vocab), 1, 1 << 24, "N",
      "vocabulary size when there is no --vocab (default 256, no tokenizer keys)"},
     {"--type", OPT_STR, FIELD(type_name), 0, 0, "f32|f16|bf16",
      "type of the matrices; norms and the router stay f32 (default f32)"},
+    {"--embd-type", OPT_STR, FIELD(embd_type_name), 0, 0, "f32|f16|bf16",
+     "type of token_embd and output.weight (default: --type)"},
     {"--tied", OPT_FLAG, FIELD(tied), 0, 0, NULL, "no output.weight (output tied to token_embd)"},
     {"--vocab", OPT_STR, FIELD(vocab_path), 0, 0, "FILE",
      "copy every tokenizer.* key (and n_vocab) from this GGUF"},
@@ -82,8 +91,8 @@ static const option options[] = {
 
 static void print_help(FILE *f) {
     fprintf(f, "usage: " PROG " [options] -o OUT\n"
-               "Writes a tiny random-weight " ARCH " GGUF laid out as convert_hf_to_gguf.py "
-               "writes Qwen3-MoE.\n\n");
+               "Writes a tiny random-weight qwen3moe or qwen2moe GGUF laid out as "
+               "convert_hf_to_gguf.py writes Qwen3-MoE or Qwen2-MoE.\n\n");
     for (size_t i = 0; i < N_OPTIONS; i++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s", options[i].name, options[i].arg ? " " : "",
@@ -147,8 +156,23 @@ static bool was_seen(const bool seen[N_OPTIONS], const char *name) {
     return false;
 }
 
+static int parse_type(const char *name, const char *flag, uint32_t *type) {
+    if (strcmp(name, "f32") == 0)
+        *type = NM_DTYPE_F32;
+    else if (strcmp(name, "f16") == 0)
+        *type = NM_DTYPE_F16;
+    else if (strcmp(name, "bf16") == 0)
+        *type = NM_DTYPE_BF16;
+    else {
+        fprintf(stderr, PROG ": %s '%s' is not one of f32, f16, bf16\n", flag, name);
+        return 1;
+    }
+    return 0;
+}
+
 /* Cross-option rules; returns 0 or 1 after printing one line. */
-static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *type) {
+static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *type,
+                        uint32_t *embd_type) {
     if (!c->out_path) {
         fprintf(stderr, PROG ": no output file (-o OUT)\n");
         return 1;
@@ -163,16 +187,18 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
         }
         return 0;
     }
-    if (strcmp(c->type_name, "f32") == 0)
-        *type = NM_DTYPE_F32;
-    else if (strcmp(c->type_name, "f16") == 0)
-        *type = NM_DTYPE_F16;
-    else if (strcmp(c->type_name, "bf16") == 0)
-        *type = NM_DTYPE_BF16;
-    else {
-        fprintf(stderr, PROG ": --type '%s' is not one of f32, f16, bf16\n", c->type_name);
+    if (strcmp(c->arch, "qwen3moe") != 0 && strcmp(c->arch, "qwen2moe") != 0) {
+        fprintf(stderr, PROG ": --arch '%s' is not one of qwen3moe, qwen2moe\n", c->arch);
         return 1;
     }
+    if (strcmp(c->arch, "qwen2moe") != 0 && was_seen(seen, "--shared-ffn")) {
+        fprintf(stderr, PROG ": --shared-ffn needs --arch qwen2moe\n");
+        return 1;
+    }
+    if (parse_type(c->type_name, "--type", type) != 0) return 1;
+    if (parse_type(c->embd_type_name ? c->embd_type_name : c->type_name, "--embd-type",
+                   embd_type) != 0)
+        return 1;
     if (c->n_head % c->n_head_kv != 0) {
         fprintf(stderr, PROG ": --heads %lld is not a multiple of --kv-heads %lld\n",
                 (long long)c->n_head, (long long)c->n_head_kv);
@@ -251,6 +277,7 @@ typedef enum init_kind {
     INIT_OUTPUT,    /* N(0, (2/sqrt(d))^2): logits of std about 2 */
     INIT_EMBEDDING, /* N(0, 1) + c u on every row, c = EMBD_SHARED sqrt(d) */
     INIT_ROUTER,    /* N(0, 1/d) + b_e u on row e */
+    INIT_BIAS,      /* 0.05 N(0, 1) */
 } init_kind;
 
 /* Token embeddings are a lookup (one input), so N(0, 1) per element, norm
@@ -269,7 +296,8 @@ typedef enum init_kind {
 
 typedef struct gen {
     const config *c;
-    uint32_t type; /* of the matrices */
+    uint32_t type;      /* of the matrices */
+    uint32_t embd_type; /* of token_embd and output.weight */
     int64_t n_vocab;
     double *u; /* [d_model], unit length: the direction all embeddings share */
     nm_gguf_writer *w;
@@ -286,7 +314,7 @@ static nm_status fill(const gen *g, const char *name, init_kind kind, int layer,
                                           : 0.8 / sqrt((double)ne[0]);
     for (int64_t i = 0; i < n; i++) {
         double z = rng_normal(&r);
-        x[i] = (float)(kind == INIT_NORM ? 1.0 + 0.1 * z : std * z);
+        x[i] = (float)(kind == INIT_NORM ? 1.0 + 0.1 * z : kind == INIT_BIAS ? 0.05 * z : std * z);
     }
     if (kind == INIT_EMBEDDING) {
         double c = EMBD_SHARED * sqrt((double)d);
@@ -357,41 +385,69 @@ static nm_status add_weight(gen *g, const char *name, uint32_t type, init_kind k
 static nm_status add_tensors(gen *g) {
     const config *c = g->c;
     int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
-    int64_t E = c->n_expert, ff = c->n_ff;
+    int64_t E = c->n_expert, ff = c->n_ff, sff = c->n_ff_shexp;
     uint32_t t = g->type, f32 = NM_DTYPE_F32;
-    nm_status st = add_weight(g, "token_embd.weight", t, INIT_EMBEDDING, 0, 2, d, g->n_vocab, 1);
+    const bool qwen2 = strcmp(c->arch, "qwen2moe") == 0;
+    nm_status st =
+        add_weight(g, "token_embd.weight", g->embd_type, INIT_EMBEDDING, 0, 2, d, g->n_vocab, 1);
     /* The converter's order within a block. */
     for (int l = 0; l < c->n_layer && st == NM_OK; l++) {
-        const struct {
-            const char *suffix;
+        typedef struct part {
+            const char *suffix; /* name without "blk.N." */
             uint32_t type;
             init_kind kind;
             uint32_t n_dims;
             int64_t ne0, ne1, ne2;
-        } parts[] = {
-            {"attn_norm", f32, INIT_NORM, 1, d, 1, 1},
-            {"attn_q", t, INIT_MATRIX, 2, d, q, 1},
-            {"attn_k", t, INIT_MATRIX, 2, d, kv, 1},
-            {"attn_v", t, INIT_MATRIX, 2, d, kv, 1},
-            {"attn_output", t, INIT_MATRIX, 2, q, d, 1},
-            {"attn_q_norm", f32, INIT_NORM, 1, c->head_dim, 1, 1},
-            {"attn_k_norm", f32, INIT_NORM, 1, c->head_dim, 1, 1},
-            {"ffn_norm", f32, INIT_NORM, 1, d, 1, 1},
-            {"ffn_gate_inp", f32, INIT_ROUTER, 2, d, E, 1},
-            {"ffn_gate_exps", t, INIT_MATRIX, 3, d, ff, E},
-            {"ffn_down_exps", t, INIT_MATRIX, 3, ff, d, E},
-            {"ffn_up_exps", t, INIT_MATRIX, 3, d, ff, E},
+        } part;
+        const part qwen3_parts[] = {
+            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
+            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1},
+            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1},
+            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1},
+            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1},
+            {"attn_q_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1},
+            {"attn_k_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1},
+            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
+            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
+            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
+            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
         };
-        for (size_t i = 0; i < sizeof parts / sizeof parts[0] && st == NM_OK; i++) {
+        /* Qwen2-MoE: q/k/v biases, no q/k norms, the shared expert and its
+         * one-row gate (HF's shared_expert_gate, [1][d], F32 as the converter
+         * keeps it) */
+        const part qwen2_parts[] = {
+            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
+            {"attn_q.bias", f32, INIT_BIAS, 1, q, 1, 1},
+            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1},
+            {"attn_k.bias", f32, INIT_BIAS, 1, kv, 1, 1},
+            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1},
+            {"attn_v.bias", f32, INIT_BIAS, 1, kv, 1, 1},
+            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1},
+            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1},
+            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
+            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
+            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
+            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_gate_inp_shexp.weight", f32, INIT_MATRIX, 2, d, 1, 1},
+            {"ffn_gate_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1},
+            {"ffn_up_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1},
+            {"ffn_down_shexp.weight", t, INIT_MATRIX, 2, sff, d, 1},
+        };
+        const part *parts = qwen2 ? qwen2_parts : qwen3_parts;
+        const size_t n_parts = qwen2 ? sizeof qwen2_parts / sizeof qwen2_parts[0]
+                                     : sizeof qwen3_parts / sizeof qwen3_parts[0];
+        for (size_t i = 0; i < n_parts && st == NM_OK; i++) {
             char name[96];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[i].suffix);
+            snprintf(name, sizeof name, "blk.%d.%s", l, parts[i].suffix);
             st = add_weight(g, name, parts[i].type, parts[i].kind, l, parts[i].n_dims, parts[i].ne0,
                             parts[i].ne1, parts[i].ne2);
         }
     }
     if (st == NM_OK) st = add_weight(g, "output_norm.weight", f32, INIT_NORM, 0, 1, d, 1, 1);
     if (st == NM_OK && !c->tied) {
-        st = add_weight(g, "output.weight", t, INIT_OUTPUT, 0, 2, d, g->n_vocab, 1);
+        st = add_weight(g, "output.weight", g->embd_type, INIT_OUTPUT, 0, 2, d, g->n_vocab, 1);
     }
     return st;
 }
@@ -428,35 +484,44 @@ static nm_gguf_value str_value(const char *v) {
 
 static nm_status set_hparams(gen *g, const char *name) {
     const config *c = g->c;
+    const char *arch = c->arch;
+    const bool qwen2 = strcmp(arch, "qwen2moe") == 0;
     int64_t file_type = g->type == NM_DTYPE_F32 ? 0 : g->type == NM_DTYPE_F16 ? 1 : 32;
-    /* Keys in the order convert_hf_to_gguf.py writes them for Qwen3-MoE.
+    char keys[18][96];
+#define KEY(i, suffix) (snprintf(keys[i], sizeof keys[i], "%s." suffix, arch), keys[i])
+    /* Keys in the order convert_hf_to_gguf.py writes them for Qwen3-MoE
+     * (Qwen2-MoE: no key/value_length, the shared expert's width last).
      * feed_forward_length is the dense FFN width HF configs carry
      * (intermediate_size); MoE layers do not use it: 3 x the expert width. */
     const struct {
         const char *key;
         nm_gguf_value value;
+        bool qwen3_only, qwen2_only;
     } kvs[] = {
-        {"general.architecture", str_value(ARCH)},
-        {"general.type", str_value("model")},
-        {"general.name", str_value(name)},
-        {ARCH ".block_count", u32_value(c->n_layer)},
-        {ARCH ".context_length", u32_value(c->n_ctx)},
-        {ARCH ".embedding_length", u32_value(c->d_model)},
-        {ARCH ".feed_forward_length", u32_value(3 * c->n_ff)},
-        {ARCH ".attention.head_count", u32_value(c->n_head)},
-        {ARCH ".attention.head_count_kv", u32_value(c->n_head_kv)},
-        {ARCH ".rope.freq_base", f32_value(1e6f)},
-        {ARCH ".attention.layer_norm_rms_epsilon", f32_value(1e-6f)},
-        {ARCH ".expert_count", u32_value(c->n_expert)},
-        {ARCH ".expert_used_count", u32_value(c->n_expert_used)},
-        {ARCH ".attention.key_length", u32_value(c->head_dim)},
-        {ARCH ".attention.value_length", u32_value(c->head_dim)},
-        {"general.file_type", u32_value(file_type)},
-        {ARCH ".expert_feed_forward_length", u32_value(c->n_ff)},
-        {"general.quantization_version", u32_value(2)},
+        {"general.architecture", str_value(arch), false, false},
+        {"general.type", str_value("model"), false, false},
+        {"general.name", str_value(name), false, false},
+        {KEY(0, "block_count"), u32_value(c->n_layer), false, false},
+        {KEY(1, "context_length"), u32_value(c->n_ctx), false, false},
+        {KEY(2, "embedding_length"), u32_value(c->d_model), false, false},
+        {KEY(3, "feed_forward_length"), u32_value(3 * c->n_ff), false, false},
+        {KEY(4, "attention.head_count"), u32_value(c->n_head), false, false},
+        {KEY(5, "attention.head_count_kv"), u32_value(c->n_head_kv), false, false},
+        {KEY(6, "rope.freq_base"), f32_value(1e6f), false, false},
+        {KEY(7, "attention.layer_norm_rms_epsilon"), f32_value(1e-6f), false, false},
+        {KEY(8, "expert_count"), u32_value(c->n_expert), false, false},
+        {KEY(9, "expert_used_count"), u32_value(c->n_expert_used), false, false},
+        {KEY(10, "attention.key_length"), u32_value(c->head_dim), true, false},
+        {KEY(11, "attention.value_length"), u32_value(c->head_dim), true, false},
+        {"general.file_type", u32_value(file_type), false, false},
+        {KEY(12, "expert_feed_forward_length"), u32_value(c->n_ff), false, false},
+        {KEY(13, "expert_shared_feed_forward_length"), u32_value(c->n_ff_shexp), false, true},
+        {"general.quantization_version", u32_value(2), false, false},
     };
+#undef KEY
     nm_status st = NM_OK;
     for (size_t i = 0; i < sizeof kvs / sizeof kvs[0] && st == NM_OK; i++) {
+        if ((kvs[i].qwen3_only && qwen2) || (kvs[i].qwen2_only && !qwen2)) continue;
         st = nm_gguf_writer_set_value(g->w, kvs[i].key, &kvs[i].value);
     }
     return st;
@@ -466,13 +531,15 @@ static int64_t param_count(const config *c, int64_t n_vocab) {
     int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
     int64_t per_layer = 2 * d + d * q + 2 * d * kv + q * d + 2 * c->head_dim + d * c->n_expert +
                         3 * d * c->n_ff * c->n_expert;
+    if (strcmp(c->arch, "qwen2moe") == 0) /* biases, shared expert and its gate */
+        per_layer += q + 2 * kv + 3 * d * c->n_ff_shexp + d;
     return n_vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * per_layer;
 }
 
-static int make_model(const config *c, uint32_t type) {
+static int make_model(const config *c, uint32_t type, uint32_t embd_type) {
     nm_error err = {0};
     nm_gguf *vocab = NULL;
-    gen g = {.c = c, .type = type, .n_vocab = c->n_vocab};
+    gen g = {.c = c, .type = type, .embd_type = embd_type, .n_vocab = c->n_vocab};
     if (c->vocab_path) {
         const nm_gguf_value *tokens;
         if (nm_gguf_open(c->vocab_path, &vocab, &err) != NM_OK) {
@@ -495,7 +562,7 @@ static int make_model(const config *c, uint32_t type) {
         return 1;
     }
     char name[128];
-    snprintf(name, sizeof name, "tiny-" ARCH " (random weights, seed %lld)", (long long)c->seed);
+    snprintf(name, sizeof name, "tiny-%s (random weights, seed %lld)", c->arch, (long long)c->seed);
     g.w = nm_gguf_writer_new();
     g.u = nm_malloc((size_t)c->d_model * sizeof *g.u);
     nm_status st = g.w && g.u ? set_hparams(&g, c->name ? c->name : name) : NM_ERR_NOMEM;
@@ -571,6 +638,8 @@ int main(int argc, char **argv) {
         .n_expert = 16,
         .n_expert_used = 4,
         .n_ff = 32,
+        .n_ff_shexp = 64,
+        .arch = "qwen3moe",
         .n_ctx = 4096,
         .n_vocab = 256,
         .type_name = "f32",
@@ -581,7 +650,7 @@ int main(int argc, char **argv) {
         print_help(stdout);
         return 0;
     }
-    uint32_t type = NM_DTYPE_F32;
-    if (check_config(&c, seen, &type) != 0) return 1;
-    return c.extract_path ? extract_vocab(&c) : make_model(&c, type);
+    uint32_t type = NM_DTYPE_F32, embd_type = NM_DTYPE_F32;
+    if (check_config(&c, seen, &type, &embd_type) != 0) return 1;
+    return c.extract_path ? extract_vocab(&c) : make_model(&c, type, embd_type);
 }

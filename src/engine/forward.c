@@ -28,6 +28,7 @@ struct nm_engine_state {
     float *scores;                     /* [n_threads][n_kv] attention scratch     */
     float *router;                     /* [n_batch][n_expert] router logits       */
     float *probs;                      /* [n_expert] routing scratch              */
+    float *shexp;                      /* [n_batch][..] shared expert, or NULL    */
     int32_t *ids;                      /* [n_batch][k] chosen experts             */
     float *weights;                    /* [n_batch][k] their weights              */
     const nm_expert_weights **experts; /* [n_layer] the layers' expert stacks */
@@ -99,6 +100,8 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
     st->router = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
     st->probs = alloc_floats(st, (size_t)hp->n_expert, &ok);
     st->weights = alloc_floats(st, nb * k, &ok);
+    if (hp->n_ff_shexp > 0) /* nm_model_batch.shexp */
+        st->shexp = alloc_floats(st, nb * (size_t)nm_model_shexp_scratch(hp), &ok);
     st->ids = nm_calloc(nb * k, sizeof(int32_t));
     st->experts = nm_calloc((size_t)hp->n_layer, sizeof *st->experts);
     if (!st->ids || !st->experts) ok = false;
@@ -149,6 +152,7 @@ void nm_engine_state_free(nm_engine_state *st) {
     nm_free(st->scores);
     nm_free(st->router);
     nm_free(st->probs);
+    nm_free(st->shexp);
     nm_free(st->ids);
     nm_free(st->weights);
     nm_moe_exec_free(st->prefill);
@@ -227,6 +231,7 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
                               .ids = st->ids,
                               .weights = st->weights,
                               .probs = st->probs,
+                              .shexp = st->shexp,
                               .tap = st->tap ? engine_tap : NULL,
                               .tap_ctx = st};
     nm_model_embed(m, ids, n, &b);

@@ -112,11 +112,41 @@ static nm_status get_vec_as(const nm_model *m, nm_presence p, const char *name, 
     return nm_model_get_vec(m, name, n, out, err);
 }
 
+/* The shared expert's four matrices (spec->shared_expert). */
+static nm_status load_shared_expert(const nm_model *m, const nm_weight_spec *spec, int il,
+                                    nm_layer *l, nm_error *err) {
+    const int64_t d = m->hp.n_embd, ff = m->hp.n_ff_shexp;
+    const bool optional = spec->shared_expert != NM_REQUIRED;
+    char name[96];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, il), name)
+    nm_status st;
+    if ((st = nm_model_get_mat(m, NAME("ffn_gate_inp_shexp.weight"), d, 1, optional,
+                               &l->shexp_gate_inp, err)) ||
+        (st = nm_model_get_mat(m, NAME("ffn_gate_shexp.weight"), d, ff, optional, &l->shexp_gate,
+                               err)) ||
+        (st = nm_model_get_mat(m, NAME("ffn_up_shexp.weight"), d, ff, optional, &l->shexp_up,
+                               err)) ||
+        (st = nm_model_get_mat(m, NAME("ffn_down_shexp.weight"), ff, d, optional, &l->shexp_down,
+                               err)))
+        return st;
+    const int have =
+        !!l->shexp_gate_inp.data + !!l->shexp_gate.data + !!l->shexp_up.data + !!l->shexp_down.data;
+    if (have != 0 && have != 4)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "layer %d has %d of the 4 shared-expert tensors "
+                         "(ffn_{gate_inp,gate,up,down}_shexp.weight)",
+                         il, have);
+#undef NAME
+    return NM_OK;
+}
+
 static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_error *err) {
     const nm_hparams *hp = &m->hp;
     nm_layer *l = &m->layers[il];
     const int64_t d = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim,
                   kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const nm_presence qkv_bias =
+        spec->qkv_bias > spec->attn_bias ? spec->qkv_bias : spec->attn_bias;
     char name[96];
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, il), name)
     nm_status st;
@@ -134,9 +164,9 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
         (st = nm_model_get_mat(m, NAME("attn_k.weight"), d, kv_dim, false, &l->wk, err)) ||
         (st = nm_model_get_mat(m, NAME("attn_v.weight"), d, kv_dim, false, &l->wv, err)) ||
         (st = nm_model_get_mat(m, NAME("attn_output.weight"), q_dim, d, false, &l->wo, err)) ||
-        (st = get_vec_as(m, spec->attn_bias, NAME("attn_q.bias"), q_dim, &l->bq, err)) ||
-        (st = get_vec_as(m, spec->attn_bias, NAME("attn_k.bias"), kv_dim, &l->bk, err)) ||
-        (st = get_vec_as(m, spec->attn_bias, NAME("attn_v.bias"), kv_dim, &l->bv, err)) ||
+        (st = get_vec_as(m, qkv_bias, NAME("attn_q.bias"), q_dim, &l->bq, err)) ||
+        (st = get_vec_as(m, qkv_bias, NAME("attn_k.bias"), kv_dim, &l->bk, err)) ||
+        (st = get_vec_as(m, qkv_bias, NAME("attn_v.bias"), kv_dim, &l->bv, err)) ||
         (st = get_vec_as(m, spec->attn_bias, NAME("attn_output.bias"), d, &l->bo, err)) ||
         (st = nm_model_get_vec(m, NAME("ffn_norm.weight"), d, &l->ffn_norm, err)) ||
         (st = get_vec_as(m, spec->norm_bias, NAME("ffn_norm.bias"), d, &l->ffn_norm_b, err)) ||
@@ -161,6 +191,7 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
                                  &x->down, &x->down_stride, err)))
         return st;
 #undef NAME
+    if (spec->shared_expert != NM_ABSENT) return load_shared_expert(m, spec, il, l, err);
     return NM_OK;
 }
 

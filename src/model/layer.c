@@ -191,9 +191,40 @@ bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
     return true;
 }
 
+int64_t nm_model_shexp_scratch(const nm_hparams *hp) {
+    return hp->n_ff_shexp > 0 ? 2 * (int64_t)hp->n_ff_shexp + hp->n_embd + 1 : 0;
+}
+
+/* proj += sigmoid(gate_inp . xn) * down(silu(gate xn) * up xn) over the real
+ * rows: the shared expert, in the order llama.cpp adds it (routed experts'
+ * sum, then the shared output, then the residual). */
+static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il,
+                          const nm_model_batch *b) {
+    const int64_t d = m->hp.n_embd, ff = m->hp.n_ff_shexp, n = b->n_real;
+    /* [n][ff] gate, [n][ff] up, [n][d] out, [n] the gate's logit */
+    float *gate = b->shexp, *up = gate + n * ff, *out = up + n * ff, *g = out + n * d;
+    matmul(b->pool, &l->shexp_gate, b->xn, d, n, gate, ff);
+    matmul(b->pool, &l->shexp_up, b->xn, d, n, up, ff);
+    matmul(b->pool, &l->shexp_gate_inp, b->xn, d, n, g, 1);
+    nm_swiglu_forward(gate, up, gate, n * ff);
+    compat_round_input(m, &l->shexp_down, gate, n * ff);
+    matmul(b->pool, &l->shexp_down, gate, ff, n, out, d);
+    for (int64_t t = 0; t < n; t++) {
+        const float s = 1.0f / (1.0f + expf(-g[t]));
+        for (int64_t i = 0; i < d; i++)
+            out[t * d + i] *= s;
+    }
+    if (!tap(b, il, "ffn_shexp_out", out, d)) return false;
+    for (int64_t i = 0; i < n * d; i++)
+        b->proj[i] += out[i];
+    return true;
+}
+
 bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b) {
     const int64_t d = m->hp.n_embd;
+    const nm_layer *l = &m->layers[il];
     if (!tap(b, il, "ffn_moe_out", b->proj, d)) return false;
+    if (l->shexp_gate.data && !shared_expert(m, l, il, b)) return false;
     for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
         b->x[i] += b->proj[i];
     return tap(b, il, "l_out", b->x, d);

@@ -11,7 +11,7 @@
 #include <string.h>
 
 static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe, &nm_arch_llama,
-                                            &nm_arch_phimoe};
+                                            &nm_arch_phimoe, &nm_arch_qwen2moe};
 
 nm_model_params nm_model_default_params(void) {
     nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE, .no_repack = false};
@@ -148,7 +148,7 @@ static void release_pages(void *ctx, const void *data, size_t n_bytes) {
  * which copy those they want in a layout of their own; not token_embd,
  * which is also read by rows (an output tied to it stays as it is). */
 static nm_status prepare_weights(nm_model *m, nm_error *err) {
-    enum { PER_LAYER = 8 };
+    enum { PER_LAYER = 12 };
     const size_t cap = (size_t)m->hp.n_layer * PER_LAYER + 1;
     nm_prepare_item *items = nm_malloc(cap * sizeof *items);
     if (!items) return nm_errorf(err, NM_ERR_NOMEM, "out of memory listing the weights");
@@ -165,9 +165,13 @@ static nm_status prepare_weights(nm_model *m, nm_error *err) {
             {&x->gate, x->gate_stride, x->n_expert},
             {&x->up, x->up_stride, x->n_expert},
             {&x->down, x->down_stride, x->n_expert},
+            {&l->shexp_gate_inp, 0, 1},
+            {&l->shexp_gate, 0, 1},
+            {&l->shexp_up, 0, 1},
+            {&l->shexp_down, 0, 1},
         };
         for (int i = 0; i < PER_LAYER; i++)
-            items[n++] = layer[i];
+            if (layer[i].mat->data) items[n++] = layer[i]; /* absent optional ones: no */
     }
     if (!m->tied_output) items[n++] = (nm_prepare_item){&m->output, 0, 1};
     nm_status st = nm_kernels_prepare(items, n, release_pages, m->gguf, &m->prepared, err);
@@ -195,8 +199,8 @@ static nm_status load_into(nm_model *m, const char *path, bool repack, bool voca
         if (nm_gguf_str_eq(arch, arch_table[i]->name)) m->arch = arch_table[i];
     if (!m->arch)
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "architecture '%.*s' is not supported (supported: qwen3moe, olmoe, "
-                         "llama with experts (Mixtral), phimoe)",
+                         "architecture '%.*s' is not supported (supported: qwen3moe, qwen2moe, "
+                         "olmoe, llama with experts (Mixtral), phimoe)",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     st = nm_tokenizer_load(m->gguf, &m->tok, err);
     if (st != NM_OK) return st;
@@ -288,6 +292,8 @@ void nm_model_describe(const nm_model *model, void *file) {
             hp->n_head_kv, hp->head_dim);
     fprintf(f, "experts:             %d, %d active per token, expert d_ff %d\n", hp->n_expert,
             hp->n_expert_used, hp->n_ff_exp);
+    if (hp->n_ff_shexp > 0)
+        fprintf(f, "shared expert:       d_ff %d, sigmoid-gated, on every token\n", hp->n_ff_shexp);
     fprintf(f, "rope:                %s, base %g, %d dims%s, attn factor %g\n",
             hp->rope == NM_ROPE_NEOX ? "neox" : "norm", hp->rope_freq_base, hp->n_rot,
             model->rope_factors_short ? ", long/short factors" : "", hp->rope_attn_factor);

@@ -40,6 +40,7 @@ typedef struct nm_hparams {
     int32_t n_expert;
     int32_t n_expert_used; /* k */
     int32_t n_ff_exp;      /* d_ff of one expert */
+    int32_t n_ff_shexp;    /* d_ff of the shared expert; 0: the layers have none */
     float rope_freq_base;
     float rms_eps; /* eps of every norm, RMS or Layer */
     nm_norm_kind norm;
@@ -68,6 +69,12 @@ typedef struct nm_layer {
     const float *ffn_norm_b;  /* [n_embd] */
     nm_mat router;            /* [n_expert][n_embd] */
     nm_expert_weights experts;
+    /* The shared expert (hp.n_ff_shexp > 0): a SwiGLU FFN every token
+     * takes, whose output is scaled by sigmoid(shexp_gate_inp . xn). */
+    nm_mat shexp_gate_inp; /* [1][n_embd] */
+    nm_mat shexp_gate;     /* [n_ff_shexp][n_embd] */
+    nm_mat shexp_up;       /* [n_ff_shexp][n_embd] */
+    nm_mat shexp_down;     /* [n_embd][n_ff_shexp] */
 } nm_layer;
 
 /* Routing of one token: logits [n_expert] -> ids, weights [k]; probs is
@@ -134,6 +141,12 @@ typedef struct nm_weight_spec {
     nm_presence attn_bias;    /* attn_{q,k,v,output}.bias */
     nm_presence output_bias;  /* output.bias */
     nm_presence rope_factors; /* rope_factors_{short,long}.weight */
+    /* attn_{q,k,v}.bias without attn_output.bias (qwen2moe): q, k and v
+     * take the stronger of this and attn_bias */
+    nm_presence qkv_bias;
+    /* ffn_{gate_inp,gate,up,down}_shexp.weight, of width
+     * expert_shared_feed_forward_length (qwen2moe) */
+    nm_presence shared_expert;
 } nm_weight_spec;
 
 /* Reads the hyperparameters every MoE architecture shares ("<arch>.*":
@@ -222,7 +235,10 @@ typedef struct nm_model_batch {
     int32_t *ids;          /* [n_real][n_expert_used] experts chosen */
     float *weights;        /* [n_real][n_expert_used] their weights */
     float *probs;          /* [n_expert] routing scratch */
-    nm_tap_fn tap;         /* NULL: none */
+    /* [n_rows][nm_model_shexp_scratch(hp)] the shared expert's work;
+     * NULL when the model has none */
+    float *shexp;
+    nm_tap_fn tap; /* NULL: none */
     void *tap_ctx;
     /* NULL: the rows are one sequence, row t at position n_past + t of the
      * kv given to nm_model_attention. Else the rows are of different
@@ -246,7 +262,13 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
  * (m->route) of each real row into ids and weights; xn is then what the
  * experts take. Taps ffn_norm, ffn_moe_logits. */
 bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b);
-/* x += proj over the real rows. Taps ffn_moe_out, l_out. */
+/* Floats per row the shared expert needs in nm_model_batch.shexp (0: the
+ * model has none). */
+int64_t nm_model_shexp_scratch(const nm_hparams *hp);
+/* x += proj over the real rows, plus, when the model has a shared expert,
+ * its output on xn scaled by its sigmoid gate (dense work on every real
+ * row, whatever executor ran the routed experts). Taps ffn_moe_out,
+ * ffn_shexp_out (with a shared expert), l_out. */
 bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b);
 /* logits [n_real - first][n_vocab] = output(output_norm(x)) of the real
  * rows from first on. Taps result_norm, result_output (layer -1). */
@@ -269,5 +291,6 @@ extern const nm_arch nm_arch_qwen3moe;
 extern const nm_arch nm_arch_olmoe;
 extern const nm_arch nm_arch_llama;
 extern const nm_arch nm_arch_phimoe;
+extern const nm_arch nm_arch_qwen2moe;
 
 #endif /* NM_MODEL_H */

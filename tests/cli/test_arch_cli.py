@@ -5,7 +5,8 @@ refused), --chat with the file's template (the prompt ids are those of the
 Phi-3.5 format, checked against ids written out by hand from the template
 and the tokenizer goldens), --chat-template, and the errors that name the
 fallback; `compare --candidate-compat` scores one semantics against the
-other.
+other. qwen2moe (tests/vectors/tiny-qwen2moe): `logits` against llama.cpp's,
+`info` names the shared expert, `run --chat` renders chatml.
 
 Usage: /usr/bin/python3 tests/cli/test_arch_cli.py PATH/TO/npumoe --vectors DIR
 """
@@ -117,6 +118,33 @@ def main():
                     cand, r["kl_mean"], r["top1_agreement"]))
                 check((r["kl_mean"] > 0.01) == far and (r["top1_agreement"] < 0.99) == far,
                       "semantics distance", "%s" % r)
+
+    # qwen2moe: the golden logits through the command, info, chatml
+    q2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vectors", "tiny-qwen2moe")
+    q2_model = os.path.join(q2, "model.gguf")
+    with open(os.path.join(q2, "prompts.txt")) as f:
+        q2_prompt = f.read().splitlines()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "l.f32")
+        rc, _, err = run(bin_, ["logits", "-m", q2_model, "--tokens", q2_prompt, "--all", "-o", out,
+                                "--compat", "llama.cpp"])
+        check(rc == 0, "qwen2moe logits", err)
+        if rc == 0:
+            e = max_rel(read_f32(out), read_f32(os.path.join(q2, "logits_1.f32")), 4099,
+                        list(range(len(q2_prompt.split()))))
+            print("tiny-qwen2moe prompt 1: max rel vs llama.cpp %.3g" % e)
+            check(e < 1e-5, "qwen2moe logits distance %.3g" % e)
+    rc, out, err = run(bin_, ["info", "-m", q2_model])
+    check(rc == 0 and "architecture:        qwen2moe" in out and "shared expert:       d_ff 32" in out,
+          "qwen2moe info", out + err)
+    rc, out, err = run(bin_, ["run", "-m", q2_model, "-p", "Hi", "--chat", "-n", "2", "--temp", "0",
+                              "--json"])
+    check(rc == 0, "qwen2moe run --chat", err)
+    if rc == 0:
+        ids = json.loads(out)["prompt_ids"]
+        # <|im_start|> user \n Hi <|im_end|> \n <|im_start|> assistant \n (4k Qwen vocab)
+        check(ids[0] == 4097 and 4098 in ids and ids.count(4097) == 2, "qwen2moe chatml prompt ids",
+              "%s" % ids)
 
     # errors, one line each, naming what to do
     expect_error(bin_, ["run", "-m", mixtral, "-p", "Hi", "--chat"], "--chat-template",
