@@ -9,7 +9,8 @@
  * largest logit and with the same greedy token; also with 16 sessions on
  * the quantised models (where a kernel may change path with the rows).
  * Models: tiny-qwen3moe (F32), tiny-phimoe (LayerNorm, biases, F16 head),
- * tiny-qwen3moe Q4_K_M and the shipped model. Then every refused argument,
+ * tiny-qwen3moe Q4_K_M, the shipped model and tiny-qwen2moe (q/k/v biases,
+ * a gated shared expert). Then every refused argument,
  * which leaves the sessions as they were. */
 #include "harness.h"
 
@@ -184,6 +185,7 @@ int main(void) {
         {"tiny-phimoe", NM_VECTORS_DIR "/tiny-phimoe/model.gguf"},
         {"tiny-qwen3moe Q4_K_M", NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M/model.gguf"},
         {"shipped", NM_SOURCE_DIR "/models/npumoe-tiny-moe.gguf"},
+        {"tiny-qwen2moe", NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf"},
     };
     const int n_models = (int)(sizeof models / sizeof models[0]);
     /* the reference kernels first: a model's matrices are laid out for the

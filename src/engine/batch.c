@@ -19,6 +19,7 @@ struct nm_batch {
     float *stage;                   /* [2][max_rows][kv_dim] new keys, values */
     float *scores;                  /* [n_threads][n_ctx] */
     float *router, *weights, *probs;
+    float *shexp; /* [max_rows][..] the shared expert's work, or NULL */
     int32_t *ids; /* [max_rows][k] experts chosen */
     int32_t *pos; /* [max_rows] each row's position */
     nm_kv_view *kvs;
@@ -67,6 +68,8 @@ nm_status nm_batch_new(const nm_model *model, int32_t max_sessions, int32_t n_ct
     b->router = zeroed(rows * (size_t)hp->n_expert, sizeof(float), &ok);
     b->weights = zeroed(rows * k, sizeof(float), &ok);
     b->probs = zeroed((size_t)hp->n_expert, sizeof(float), &ok);
+    if (hp->n_ff_shexp > 0) /* nm_model_batch.shexp */
+        b->shexp = zeroed(rows * (size_t)nm_model_shexp_scratch(hp), sizeof(float), &ok);
     b->ids = zeroed(rows * k, sizeof(int32_t), &ok);
     b->pos = zeroed(rows, sizeof(int32_t), &ok);
     b->kvs = zeroed(rows, sizeof(nm_kv_view), &ok);
@@ -106,6 +109,7 @@ void nm_batch_free(nm_batch *b) {
     nm_free(b->router);
     nm_free(b->weights);
     nm_free(b->probs);
+    nm_free(b->shexp);
     nm_free(b->ids);
     nm_free(b->pos);
     nm_free(b->kvs);
@@ -167,6 +171,7 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
                                .ids = b->ids,
                                .weights = b->weights,
                                .probs = b->probs,
+                               .shexp = b->shexp,
                                .pos = b->pos,
                                .kvs = b->kvs};
     const nm_kv_view lend = {.type = NM_KV_F32, .stage = b->stage};
