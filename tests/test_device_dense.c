@@ -12,6 +12,7 @@
 
 #include "device/device.h"
 #include "engine/engine-impl.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
@@ -22,8 +23,21 @@
 
 enum { T = 8, N_CHUNKS = 3, N_POS = 64 };
 
-static const char *const device_names[] = {"cpu"};
-enum { N_DEVICES = sizeof device_names / sizeof device_names[0] };
+/* Each device and how far it may be from the host: `cpu` not at all;
+ * `vulkan` (lavapipe in CI; skipped where none opens) sums in FP32 in its
+ * own order, with the GPU's exp, sin and cos, against the host's exact
+ * kernels (FP32 activations: the variants that round them to bfloat16 or
+ * int8 are forced off for it): a layer's outputs and K/V (values of order
+ * 1) within TOL_VK absolute (measured: up to 2e-5); whole sessions' logits
+ * within TOL_VK_MODEL of each row's largest (as test_vulkan's models), since
+ * the vulkan FFN graphs add their own rounding. */
+#define TOL_VK 1e-4
+#define TOL_VK_MODEL 1e-3
+static const struct {
+    const char *name;
+    double tol;
+} devices[] = {{"cpu", 0.0}, {"vulkan", TOL_VK}};
+enum { N_DEVICES = sizeof devices / sizeof devices[0] };
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float rng_float(void) {
@@ -114,8 +128,10 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
         nm_engine_dense_spec(m, il, T, N_POS, kv_type, m->rope_factors_short);
     nm_error err = {0};
     if (nm_device_check_dense(dev, &spec, &err) != NM_OK) {
-        printf("%s: %s\n", what, err.msg);
-        CHECK(false); /* every test model's form is one the devices here run */
+        printf("%s: layer %d, kv %s: %s\n", what, il, kv_type == NM_KV_F16 ? "f16" : "f32",
+               err.msg);
+        /* the reference device runs every form; another says which it lacks */
+        CHECK(tol > 0.0 && strstr(err.msg, "does not implement") != NULL);
         return;
     }
     host_layer h;
@@ -166,6 +182,12 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
     void *k = malloc(kv_bytes), *v = malloc(kv_bytes);
     dev->ops->kv_read(g, 0, N_CHUNKS * T, k, v);
     const bool kv_same = memcmp(k, h.k, kv_bytes) == 0 && memcmp(v, h.v, kv_bytes) == 0;
+    if (kv_type == NM_KV_F32) {
+        const size_t n_kv = N_CHUNKS * T * kv_dim;
+        const double ek = max_diff(k, h.k, n_kv), ev = max_diff(v, h.v, n_kv);
+        if (ek > worst) worst = ek;
+        if (ev > worst) worst = ev;
+    }
     /* the host's K/V of two chunks into a fresh graph, then the third */
     dev->ops->kv_write(g2, 0, 2 * T, h.k, h.v);
     memcpy(dev->ops->input(g2), in + 2 * (size_t)T * d, T * d * 4);
@@ -355,15 +377,19 @@ static void check_sessions(nm_device *dev, nm_model *m, nm_kv_type kv_type, doub
         }
         run_sequence(s, nv, got);
         dev->ops->stats(dev, &s1);
-        const double e = max_diff(got, want, (size_t)N_ROWS * nv);
+        /* the layers run their dense part on the device when it has their form */
+        const nm_dense_spec spec0 = nm_engine_dense_spec(m, 0, T, 128, kv_type, NULL);
+        const bool on_device = nm_device_check_dense(dev, &spec0, &err) == NM_OK;
+        const double e = tol == 0.0 ? max_diff(got, want, (size_t)N_ROWS * nv)
+                                    : nm_test_rows_rel_err(got, want, N_ROWS, nv);
         /* 3 + 2 chunks, each device layer's dense part one launch */
         const uint64_t launches = s1.dense_dispatches - s0.dense_dispatches;
-        printf("%s, kv %s: %s on %s vs dense, %d rows of logits: max diff %.3g; %llu dense "
+        printf("%s, kv %s: %s on %s vs dense, %d rows of logits: max %s %.3g; %llu dense "
                "launches\n",
                what, kv_type == NM_KV_F16 ? "f16" : "f32", nm_mode_name(sp.mode), dev->ops->name,
-               N_ROWS, e, (unsigned long long)launches);
-        CHECK(e <= tol);
-        CHECK_INT_EQ(launches, (uint64_t)5 * (uint64_t)(n_layer - host0));
+               N_ROWS, tol == 0.0 ? "diff" : "rel", e, (unsigned long long)launches);
+        CHECK(e <= (tol == 0.0 ? 0.0 : TOL_VK_MODEL));
+        CHECK_INT_EQ(launches, on_device ? (uint64_t)5 * (uint64_t)(n_layer - host0) : 0);
         nm_session_free(s);
         dev->ops->stats(dev, &s1);
         CHECK_INT_EQ(s1.device_bytes, s0.device_bytes);
@@ -376,6 +402,7 @@ static void check_model(nm_device *dev, int n_threads, const char *path, nm_comp
                         double tol) {
     nm_model_params mp = nm_model_default_params();
     mp.compat = compat;
+    mp.no_repack = true; /* devices other than cpu read the file's layout */
     nm_model *m = NULL;
     nm_error err = {0};
     CHECK_INT_EQ(nm_model_load(path, &mp, &m, &err), NM_OK);
@@ -416,16 +443,23 @@ int main(void) {
         {NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M/model.gguf", NM_COMPAT_NONE},
     };
     for (int d = 0; d < N_DEVICES; d++) {
-        for (int n_threads = 1; n_threads <= 3; n_threads += 2) {
+        const bool cpu = strcmp(devices[d].name, "cpu") == 0;
+        for (int n_threads = 1; n_threads <= (cpu ? 3 : 1); n_threads += 2) {
             nm_device *dev = NULL;
             nm_error err = {0};
-            CHECK_INT_EQ(
-                nm_device_open(&(nm_device_params){.name = device_names[d], .n_threads = n_threads},
-                               &dev, &err),
-                NM_OK);
+            if (!cpu) CHECK(nm_kernels_force(nm_kernels_exact()));
+            const nm_status st = nm_device_open(
+                &(nm_device_params){.name = devices[d].name, .n_threads = n_threads}, &dev, &err);
+            if (!cpu && st != NM_OK) {
+                /* no driver here: skipped, unless required (tools/test.sh) */
+                printf("%s: skipped: %s\n", devices[d].name, err.msg);
+                CHECK(!getenv("NM_REQUIRE_VULKAN"));
+                continue;
+            }
+            CHECK_INT_EQ(st, NM_OK);
             if (!dev) continue;
             for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-                check_model(dev, n_threads, models[i].path, models[i].compat, 0.0);
+                check_model(dev, n_threads, models[i].path, models[i].compat, devices[d].tol);
             nm_model *m = NULL;
             nm_model_params mp = nm_model_default_params();
             CHECK_INT_EQ(nm_model_load(models[0].path, &mp, &m, &err), NM_OK);

@@ -188,7 +188,7 @@ typedef struct nm_device_ops {
     /* Compiles a dense graph; the spec's pointers need not outlive the
      * call except the weights and vectors, which stay the host's. input()
      * is then its x [rows][d_model]; wait, graph_free as for FFN graphs.
-     * The graph's K/V start as zeros. */
+     * The graph's K/V hold nothing until launches or kv_write fill them. */
     nm_status (*compile_dense)(nm_device *dev, const nm_dense_spec *spec, nm_graph **out,
                                nm_error *err);
     /* Starts the graph over the chunk at positions pos .. pos + rows - 1

@@ -1,0 +1,50 @@
+#version 450
+// Causal grouped-query attention: invocation (h, t) is query head h of row
+// t over the cache's positions 0 .. pos + t; query head h reads kv head
+// h / (n_head / n_head_kv). Scores live in the activation buffer.
+
+layout(local_size_x = 1) in;
+
+#include "dense.glsl"
+
+layout(push_constant) uniform P {
+    uint q0;   // act offset of row 0's q ([rows][n_head][head_dim])
+    uint att0; // act offset of row 0's output, same shape
+    uint sc0;  // act offset of the scores, [rows][n_head][n_pos]
+    uint n_pos, n_head, n_head_kv, head_dim;
+    float scale;
+    uint pos_at; // act index of the launch's first position (as uint bits)
+    uint rows;
+} pc;
+
+void main() {
+    const uint h = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
+    if (h >= pc.n_head || t >= pc.rows) return;
+    const uint n_kv = floatBitsToUint(a[pc.pos_at]) + t + 1u;
+    const uint hd = pc.head_dim, kvd = pc.n_head_kv * hd;
+    const uint kvh = h / (pc.n_head / pc.n_head_kv);
+    const uint q = pc.q0 + (t * pc.n_head + h) * hd, sc = pc.sc0 + (t * pc.n_head + h) * pc.n_pos;
+    float mx = -1.0 / 0.0;
+    for (uint j = 0; j < n_kv; j++) {
+        const uint kj = j * kvd + kvh * hd;
+        float s = 0.0;
+        for (uint d = 0; d < hd; d++)
+            s += a[q + d] * kv[kj + d];
+        s *= pc.scale;
+        a[sc + j] = s;
+        mx = max(mx, s);
+    }
+    float sum = 0.0;
+    for (uint j = 0; j < n_kv; j++) {
+        const float e = exp(a[sc + j] - mx);
+        a[sc + j] = e;
+        sum += e;
+    }
+    const uint o = pc.att0 + (t * pc.n_head + h) * hd;
+    for (uint d = 0; d < hd; d++) {
+        float acc = 0.0;
+        for (uint j = 0; j < n_kv; j++)
+            acc += a[sc + j] * kv[(pc.n_pos + j) * kvd + kvh * hd + d];
+        a[o + d] = acc / sum;
+    }
+}
