@@ -284,7 +284,7 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
                                  f32_bits(s->attn_scale),
                                  0,
                                  (uint32_t)g->rows};
-        step(d, cb, p_attn, at, 10, (uint32_t)s->n_head, (uint32_t)g->rows);
+        step(d, cb, p_attn, at, 10, (uint32_t)((g->rows + 63) / 64), (uint32_t)s->n_head);
         nm_vk_barrier(d, cb, cs, rd);
         matmul(g, cb, p_mm[MAT_O], MAT_O, g->d_model, g->q_dim, g->o_att, g->o_proj);
         nm_vk_barrier(d, cb, cs, rd);

@@ -1,9 +1,10 @@
 #version 450
-// Causal grouped-query attention: invocation (h, t) is query head h of row
+// Causal grouped-query attention: invocation (t, h) is query head h of row
 // t over the cache's positions 0 .. pos + t; query head h reads kv head
-// h / (n_head / n_head_kv). Scores live in the activation buffer.
+// h / (n_head / n_head_kv). Scores live in the activation buffer. Rows are
+// the workgroup's lanes (a CPU driver runs them as SIMD lanes).
 
-layout(local_size_x = 1) in;
+layout(local_size_x = 64) in;
 
 #include "dense.glsl"
 
@@ -18,7 +19,7 @@ layout(push_constant) uniform P {
 } pc;
 
 void main() {
-    const uint h = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
+    const uint t = gl_GlobalInvocationID.x, h = gl_GlobalInvocationID.y;
     if (h >= pc.n_head || t >= pc.rows) return;
     const uint n_kv = floatBitsToUint(a[pc.pos_at]) + t + 1u;
     const uint hd = pc.head_dim, kvd = pc.n_head_kv * hd;
