@@ -18,6 +18,8 @@
 
 enum { NONE = -1 }; /* an absent vector (0xffffffff in the shaders) */
 enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_R, N_MATS };
+/* dense_attn.comp's MAX_HEAD_DIM: its per-invocation accumulator */
+enum { VK_MAX_HEAD_DIM = 256 };
 
 typedef struct vk_mat {
     VkDeviceSize at; /* byte offset in the weights buffer */
@@ -34,7 +36,7 @@ struct vk_dense {
     /* float indices in the weights buffer, or NONE */
     int64_t attn_norm, attn_norm_b, bq, bk, bv, bo, q_norm, k_norm, ffn_norm, ffn_norm_b, factors;
     /* float offsets in the activation buffer */
-    uint32_t o_x, o_a, o_q, o_k, o_v, o_att, o_proj, o_xout, o_xn, o_logits, o_scores;
+    uint32_t o_x, o_a, o_q, o_k, o_v, o_att, o_proj, o_xout, o_xn, o_logits;
     vk_buffer weights, act, kv;
     VkDescriptorPool desc_pool;
     VkDescriptorSet set;
@@ -274,17 +276,16 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
                                  (uint32_t)g->n_pos};
         step(d, cb, p_qk, qk, 20, (uint32_t)((g->rows + 63) / 64), 1);
         nm_vk_barrier(d, cb, cs, rd);
-        const uint32_t at[10] = {g->o_q,
-                                 g->o_att,
-                                 g->o_scores,
-                                 (uint32_t)g->n_pos,
-                                 (uint32_t)s->n_head,
-                                 (uint32_t)s->n_head_kv,
-                                 (uint32_t)s->head_dim,
-                                 f32_bits(s->attn_scale),
-                                 0,
-                                 (uint32_t)g->rows};
-        step(d, cb, p_attn, at, 10, (uint32_t)((g->rows + 63) / 64), (uint32_t)s->n_head);
+        const uint32_t at[9] = {g->o_q,
+                                g->o_att,
+                                (uint32_t)g->n_pos,
+                                (uint32_t)s->n_head,
+                                (uint32_t)s->n_head_kv,
+                                (uint32_t)s->head_dim,
+                                f32_bits(s->attn_scale),
+                                0,
+                                (uint32_t)g->rows};
+        step(d, cb, p_attn, at, 9, (uint32_t)((g->rows + 63) / 64), (uint32_t)s->n_head);
         nm_vk_barrier(d, cb, cs, rd);
         matmul(g, cb, p_mm[MAT_O], MAT_O, g->d_model, g->q_dim, g->o_att, g->o_proj);
         nm_vk_barrier(d, cb, cs, rd);
@@ -317,6 +318,11 @@ nm_status nm_vk_dense_new(vk_device *d, const nm_dense_spec *s, vk_dense **out, 
     if (missing)
         return nm_errorf(err, NM_ERR_UNSUPPORTED, "%s: dense graph of layer %d needs %s", d->label,
                          s->layer, nm_dense_feature_name(missing & -missing));
+    if (s->head_dim > VK_MAX_HEAD_DIM)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "%s: dense graph of layer %d: head_dim %d exceeds the attention "
+                         "shader's %d",
+                         d->label, s->layer, s->head_dim, VK_MAX_HEAD_DIM);
     vk_dense *g = nm_calloc(1, sizeof *g);
     if (!g) return nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory for a dense graph", d->label);
     g->d = d;
@@ -334,19 +340,10 @@ nm_status nm_vk_dense_new(vk_device *d, const nm_dense_spec *s, vk_dense **out, 
     /* the activation buffer, in floats: position, then the chunk's tensors */
     const int64_t rows = s->rows, dm = g->d_model, qd = g->q_dim, kvd = g->kv_dim;
     int64_t at = 4;
-    uint32_t *offs[] = {&g->o_x,    &g->o_a,    &g->o_q,  &g->o_k,      &g->o_v,     &g->o_att,
-                        &g->o_proj, &g->o_xout, &g->o_xn, &g->o_logits, &g->o_scores};
-    const int64_t sizes[] = {rows * dm,
-                             rows * dm,
-                             rows * qd,
-                             rows * kvd,
-                             rows * kvd,
-                             rows * qd,
-                             rows * dm,
-                             rows * dm,
-                             rows * dm,
-                             rows * s->n_expert,
-                             rows * s->n_head * (int64_t)s->n_pos};
+    uint32_t *offs[] = {&g->o_x,   &g->o_a,    &g->o_q,    &g->o_k,  &g->o_v,
+                        &g->o_att, &g->o_proj, &g->o_xout, &g->o_xn, &g->o_logits};
+    const int64_t sizes[] = {rows * dm, rows * dm, rows * qd, rows * kvd, rows * kvd,
+                             rows * qd, rows * dm, rows * dm, rows * dm,  rows * s->n_expert};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *offs[i] = (uint32_t)at;
         at += (sizes[i] + 3) / 4 * 4;
