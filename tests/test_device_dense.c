@@ -275,6 +275,26 @@ static void check_refusals(nm_device *dev, const nm_model *m) {
     printf("%s: refusals checked\n", dev->ops->name);
 }
 
+/* A device whose memory budget cannot hold a layer's dense graph refuses
+ * it with the numbers and holds nothing after. */
+static void check_budget(const char *name, nm_model *m) {
+    nm_device *dev = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(
+        nm_device_open(&(nm_device_params){.name = name, .memory_budget_bytes = 4096}, &dev, &err),
+        NM_OK);
+    if (!dev) return;
+    const nm_dense_spec spec = nm_engine_dense_spec(m, 0, T, N_POS, NM_KV_F32, NULL);
+    nm_graph *g = NULL;
+    CHECK_INT_EQ(dev->ops->compile_dense(dev, &spec, &g, &err), NM_ERR_CAPACITY);
+    CHECK(g == NULL && strstr(err.msg, "budget of 4096 bytes") != NULL);
+    printf("%s, budget 4096: %s\n", name, err.msg);
+    nm_device_stats s;
+    dev->ops->stats(dev, &s);
+    CHECK_INT_EQ(s.device_bytes, 0);
+    nm_device_close(dev);
+}
+
 /* Tokens [0, n) of a deterministic prompt within the vocabulary. */
 static void make_ids(int32_t *ids, int n, int32_t n_vocab) {
     for (int i = 0; i < n; i++)
@@ -462,8 +482,10 @@ int main(void) {
                 check_model(dev, n_threads, models[i].path, models[i].compat, devices[d].tol);
             nm_model *m = NULL;
             nm_model_params mp = nm_model_default_params();
+            mp.no_repack = true;
             CHECK_INT_EQ(nm_model_load(models[0].path, &mp, &m, &err), NM_OK);
             if (m) check_refusals(dev, m);
+            if (m && !cpu) check_budget(devices[d].name, m);
             nm_model_free(m);
             nm_device_stats s;
             dev->ops->stats(dev, &s);
