@@ -31,13 +31,13 @@ function(nm_add_vulkan target)
   set(dir ${CMAKE_SOURCE_DIR}/src/device/vulkan/shaders)
   set(out ${CMAKE_BINARY_DIR}/shaders)
   set(incs "")
-  foreach(name ffn_gate_up ffn_down)
+  foreach(name ffn_gate_up ffn_down dense_norm dense_qk dense_attn dense_matmul)
     add_custom_command(
       OUTPUT ${out}/${name}.inc
       COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
       COMMAND ${NM_GLSLC} --target-env=vulkan1.1 -O -mfmt=c -o ${out}/${name}.inc
               ${dir}/${name}.comp
-      DEPENDS ${dir}/${name}.comp ${dir}/weights.glsl
+      DEPENDS ${dir}/${name}.comp ${dir}/weights.glsl ${dir}/dense.glsl
       COMMENT "glslc ${name}.comp")
     list(APPEND incs ${out}/${name}.inc)
   endforeach()

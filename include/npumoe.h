@@ -416,6 +416,8 @@ typedef struct nm_device_stats {
     uint64_t rows_computed; /* capacity rows run, padding included */
     uint64_t device_bytes;  /* weight and buffer bytes the graphs hold */
     uint64_t upload_bytes;  /* bytes copied into device memory (weights at compile) */
+    /* of the dispatches, dense-part graphs (a layer's attention and router) */
+    uint64_t dense_dispatches;
 } nm_device_stats;
 
 /* ---- metrics of the static path ---------------------------------------------- */

@@ -146,6 +146,128 @@ nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, 
     return NM_OK;
 }
 
+uint32_t nm_dense_spec_features(const nm_dense_spec *s) {
+    uint32_t f = 0;
+    if (s->norm == NM_DENSE_NORM_LAYER) f |= NM_DENSE_F_LAYERNORM;
+    if (s->attn_norm_b || s->ffn_norm_b) f |= NM_DENSE_F_NORM_BIAS;
+    if (s->bq || s->bk || s->bv || s->bo) f |= NM_DENSE_F_ATTN_BIAS;
+    if (s->qk_norm == NM_DENSE_QK_HEAD) f |= NM_DENSE_F_QK_HEAD;
+    if (s->qk_norm == NM_DENSE_QK_WHOLE) f |= NM_DENSE_F_QK_WHOLE;
+    if (s->rope == NM_DENSE_ROPE_NORM) f |= NM_DENSE_F_ROPE_NORM;
+    if (s->rope_factors) f |= NM_DENSE_F_ROPE_FACTORS;
+    if (s->rope_attn_factor != 1.0f) f |= NM_DENSE_F_ROPE_ATTN;
+    if (s->n_rot < s->head_dim) f |= NM_DENSE_F_PARTIAL_ROPE;
+    if (s->kv_type == NM_KV_F16) f |= NM_DENSE_F_KV_F16;
+    if (s->round_f16 && (s->wq.type == NM_DTYPE_F16 || s->wo.type == NM_DTYPE_F16))
+        f |= NM_DENSE_F_ROUND_F16;
+    return f;
+}
+
+const char *nm_dense_feature_name(uint32_t bit) {
+    static const char *const names[NM_DENSE_F_COUNT] = {"layernorm",
+                                                        "norm biases",
+                                                        "attention biases",
+                                                        "per-head q/k norm",
+                                                        "whole q/k norm",
+                                                        "llama (norm) rope",
+                                                        "rope factors",
+                                                        "rope attention factor",
+                                                        "partial rope",
+                                                        "f16 kv cache",
+                                                        "f16 matmul inputs (--compat llama.cpp)"};
+    for (int i = 0; i < NM_DENSE_F_COUNT; i++)
+        if (bit == 1u << i) return names[i];
+    return "unknown feature";
+}
+
+static nm_status check_dense_mat(const nm_dense_spec *s, const char *what, const nm_mat *m,
+                                 int64_t n, int64_t k, nm_error *err) {
+    if (!m->data)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "dense graph of layer %d: no %s weights",
+                         s->layer, what);
+    if (m->n != n || m->k != k)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: %s weights are [%lld][%lld], the spec needs "
+                         "[%lld][%lld]",
+                         s->layer, what, (long long)m->n, (long long)m->k, (long long)n,
+                         (long long)k);
+    return NM_OK;
+}
+
+nm_status nm_dense_spec_check(const nm_dense_spec *s, nm_error *err) {
+    const int32_t layer = s->layer;
+    if (layer < 0) return nm_errorf(err, NM_ERR_INVALID_ARG, "dense graph: layer %d < 0", layer);
+    if (s->rows < 1 || s->n_pos < s->rows)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: %d rows over %d positions (need 1 <= rows <= "
+                         "positions)",
+                         layer, s->rows, s->n_pos);
+    if (s->d_model < 1 || s->n_head < 1 || s->n_head_kv < 1 || s->head_dim < 1 || s->n_expert < 1 ||
+        s->n_head % s->n_head_kv != 0)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: d_model %lld, %d heads of %d over %d kv heads, "
+                         "%d experts (all >= 1, kv heads dividing heads)",
+                         layer, (long long)s->d_model, s->n_head, s->head_dim, s->n_head_kv,
+                         s->n_expert);
+    if (s->n_rot < 2 || s->n_rot % 2 || s->n_rot > s->head_dim)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: rope over %d of %d dims (even, 2..head_dim)",
+                         layer, s->n_rot, s->head_dim);
+    if ((unsigned)s->norm > NM_DENSE_NORM_LAYER || (unsigned)s->qk_norm > NM_DENSE_QK_WHOLE ||
+        (unsigned)s->rope > NM_DENSE_ROPE_NORM ||
+        (s->kv_type != NM_KV_F32 && s->kv_type != NM_KV_F16))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: unknown norm %d, q/k norm %d, rope %d or kv "
+                         "type %d",
+                         layer, (int)s->norm, (int)s->qk_norm, (int)s->rope, (int)s->kv_type);
+    if (!s->attn_norm || !s->ffn_norm ||
+        (s->qk_norm != NM_DENSE_QK_NONE && (!s->q_norm || !s->k_norm)))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: a norm's weights are "
+                         "missing",
+                         layer);
+    const int64_t d = s->d_model, q_dim = (int64_t)s->n_head * s->head_dim,
+                  kv_dim = (int64_t)s->n_head_kv * s->head_dim;
+    nm_status st;
+    if ((st = check_dense_mat(s, "q", &s->wq, q_dim, d, err)) ||
+        (st = check_dense_mat(s, "k", &s->wk, kv_dim, d, err)) ||
+        (st = check_dense_mat(s, "v", &s->wv, kv_dim, d, err)) ||
+        (st = check_dense_mat(s, "output", &s->wo, d, q_dim, err)) ||
+        (st = check_dense_mat(s, "router", &s->router, s->n_expert, d, err)))
+        return st;
+    return NM_OK;
+}
+
+nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec, nm_error *err) {
+    const nm_device_ops *ops = dev->ops;
+    if (!ops->compile_dense)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "the %s device has no dense-part graphs: layer %d's dense part stays on "
+                         "the host",
+                         ops->name, spec->layer);
+    const struct {
+        const char *name;
+        uint32_t type;
+    } mats[5] = {{"q", spec->wq.type},
+                 {"k", spec->wk.type},
+                 {"v", spec->wv.type},
+                 {"output", spec->wo.type},
+                 {"router", spec->router.type}};
+    for (int i = 0; i < 5; i++)
+        if (!nm_device_supports(dev, mats[i].type, NM_GRAPH_DENSE))
+            return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                             "the %s device cannot run dense-part graphs over %s weights (the %s "
+                             "projection of layer %d)",
+                             ops->name, nm_dtype_name(mats[i].type), mats[i].name, spec->layer);
+    const uint32_t missing = nm_dense_spec_features(spec) & ~ops->dense_features;
+    for (int i = 0; i < NM_DENSE_F_COUNT; i++)
+        if (missing & (1u << i))
+            return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                             "the %s device does not implement %s in dense-part graphs (layer %d)",
+                             ops->name, nm_dense_feature_name(1u << i), spec->layer);
+    return NM_OK;
+}
+
 nm_status nm_device_check(nm_device *dev, nm_error *err) {
     return dev && dev->ops->check ? dev->ops->check(dev, err) : NM_OK;
 }

@@ -2,7 +2,9 @@
  * and runs them asynchronously: the host writes a graph's input rows,
  * submits, does other work, and waits on the graph's fence. The first graph
  * kind is the grouped expert FFN: several experts of one layer, each with a
- * fixed capacity of rows, in one dispatch. A device is a table of functions
+ * fixed capacity of rows, in one dispatch; the second, the dense part of a
+ * layer over a chunk (norms, projections, RoPE, attention over a K/V cache
+ * the graph keeps, router logits). A device is a table of functions
  * plus an opaque context (optional slots documented); adding a device never
  * touches the engine. The `cpu` device (cpu/) implements it with the host
  * kernels on worker threads of its own. */
@@ -35,9 +37,115 @@ typedef struct nm_graph nm_graph;
 
 /* The kinds of graph a device may compile (nm_device_ops.supports). */
 typedef enum nm_graph_op {
-    NM_GRAPH_FFN = 0, /* the grouped expert FFN of an nm_ffn_spec */
+    NM_GRAPH_FFN = 0,   /* the grouped expert FFN of an nm_ffn_spec */
+    NM_GRAPH_DENSE = 1, /* the dense part of a layer of an nm_dense_spec */
     NM_GRAPH_OP_COUNT
 } nm_graph_op;
+
+/* ---- graph kind 2: the dense part of a layer over a chunk ---- */
+
+/* The forms the blocks of a dense part take (the architectures' choices,
+ * as plain data: the device knows no model). */
+typedef enum nm_dense_norm {
+    NM_DENSE_NORM_RMS = 0,  /* x / sqrt(mean(x^2) + eps) * w */
+    NM_DENSE_NORM_LAYER = 1 /* (x - mean) / sqrt(var + eps) * w (biased variance) */
+} nm_dense_norm;
+typedef enum nm_dense_qk_norm {
+    NM_DENSE_QK_NONE = 0,
+    NM_DENSE_QK_HEAD = 1, /* RMSNorm of each head's head_dim values (qwen3moe) */
+    NM_DENSE_QK_WHOLE = 2 /* RMSNorm of the whole projection (olmoe) */
+} nm_dense_qk_norm;
+typedef enum nm_dense_rope {
+    NM_DENSE_ROPE_NEOX = 0, /* element i pairs with i + n_rot/2 */
+    NM_DENSE_ROPE_NORM = 1  /* elements 2i and 2i+1 (llama) */
+} nm_dense_rope;
+
+/* The dense part of layer `layer` over a chunk of `rows` rows at positions
+ * pos .. pos + rows - 1 (pos given per launch), fixed at compile time. The
+ * input is the residual stream x [rows][d_model]; the graph computes
+ *     a   = norm(x; attn_norm, attn_norm_b)
+ *     q   = rope(qk_norm(Wq a + bq)), k = rope(qk_norm(Wk a + bk)), v = Wv a + bv
+ *     K/V of positions pos + t := k, v (the graph's own cache, kv_type)
+ *     o_t = causal GQA attention of q_t over positions 0 .. pos + t, scale attn_scale
+ *     x'  = x + Wo o + bo                        output x     [rows][d_model]
+ *     xn  = norm(x'; ffn_norm, ffn_norm_b)       output xn    [rows][d_model]
+ *     r   = Wr xn                                output logits [rows][n_expert]
+ * NULL biases and norm biases are absent. With round_f16, the input of the
+ * q/k/v projections (when wq is F16) and of the output projection (when wo
+ * is F16) is rounded to IEEE half first, as llama.cpp's F16 matmuls do.
+ * Every row is computed, padding included; a row never reads a later one.
+ * The graph keeps the K/V of its positions between launches (the prompt's
+ * cache, resident on the device) and hands them to the host on request
+ * (kv_read), or takes the host's (kv_write). Query head h reads kv head
+ * h / (n_head / n_head_kv). Weights are host memory the device may copy or
+ * convert at compile; vectors are F32. */
+typedef struct nm_dense_spec {
+    int32_t layer;
+    int32_t rows;  /* T, rows of every launch, >= 1 */
+    int32_t n_pos; /* positions the graph's K/V holds: a launch needs pos + rows <= n_pos */
+    int64_t d_model;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_expert; /* rows of the router */
+    nm_dense_norm norm;
+    float norm_eps; /* of every norm, q/k norms included */
+    nm_dense_qk_norm qk_norm;
+    nm_dense_rope rope;
+    int32_t n_rot; /* rotated dims of each head, even, <= head_dim */
+    float rope_freq_base;
+    float rope_attn_factor;    /* cos and sin scaled by it; 1 = none */
+    const float *rope_factors; /* [n_rot / 2] frequency divisors, or NULL */
+    float attn_scale;          /* usually 1 / sqrt(head_dim) */
+    nm_kv_type kv_type;        /* the elements of the graph's K/V and of kv_read/kv_write */
+    bool round_f16;
+    const float *attn_norm;   /* [d_model] */
+    const float *attn_norm_b; /* [d_model] or NULL */
+    nm_mat wq;                /* [n_head * head_dim][d_model] */
+    nm_mat wk;                /* [n_head_kv * head_dim][d_model] */
+    nm_mat wv;                /* [n_head_kv * head_dim][d_model] */
+    nm_mat wo;                /* [d_model][n_head * head_dim] */
+    const float *bq;          /* [n_head * head_dim] or NULL */
+    const float *bk;          /* [n_head_kv * head_dim] or NULL */
+    const float *bv;          /* [n_head_kv * head_dim] or NULL */
+    const float *bo;          /* [d_model] or NULL */
+    const float *q_norm;      /* [head_dim] (HEAD), [n_head * head_dim] (WHOLE) or NULL */
+    const float *k_norm;      /* [head_dim] (HEAD), [n_head_kv * head_dim] (WHOLE) or NULL */
+    const float *ffn_norm;    /* [d_model] */
+    const float *ffn_norm_b;  /* [d_model] or NULL */
+    nm_mat router;            /* [n_expert][d_model] */
+} nm_dense_spec;
+
+/* What a spec asks of a device beyond plain RMSNorm, NeoX RoPE over whole
+ * heads, no biases and an F32 cache: one bit each, so a device states what
+ * it implements (nm_device_ops.dense_features) and the host keeps on
+ * itself every layer that asks for more (nm_device_check_dense). */
+enum {
+    NM_DENSE_F_LAYERNORM = 1u << 0,    /* norm == NM_DENSE_NORM_LAYER */
+    NM_DENSE_F_NORM_BIAS = 1u << 1,    /* attn_norm_b or ffn_norm_b */
+    NM_DENSE_F_ATTN_BIAS = 1u << 2,    /* bq, bk, bv or bo */
+    NM_DENSE_F_QK_HEAD = 1u << 3,      /* qk_norm == NM_DENSE_QK_HEAD */
+    NM_DENSE_F_QK_WHOLE = 1u << 4,     /* qk_norm == NM_DENSE_QK_WHOLE */
+    NM_DENSE_F_ROPE_NORM = 1u << 5,    /* rope == NM_DENSE_ROPE_NORM */
+    NM_DENSE_F_ROPE_FACTORS = 1u << 6, /* rope_factors */
+    NM_DENSE_F_ROPE_ATTN = 1u << 7,    /* rope_attn_factor != 1 */
+    NM_DENSE_F_PARTIAL_ROPE = 1u << 8, /* n_rot < head_dim */
+    NM_DENSE_F_KV_F16 = 1u << 9,       /* kv_type == NM_KV_F16 */
+    NM_DENSE_F_ROUND_F16 = 1u << 10,   /* round_f16 with an F16 wq or wo */
+    NM_DENSE_F_COUNT = 11
+};
+
+/* The NM_DENSE_F_* bits spec asks for. */
+uint32_t nm_dense_spec_features(const nm_dense_spec *spec);
+/* The name of one feature bit ("layernorm", "norm bias", ...). */
+const char *nm_dense_feature_name(uint32_t bit);
+
+/* The outputs of a dense graph, valid after wait until the next launch. */
+typedef struct nm_dense_outputs {
+    const float *x;      /* [rows][d_model] the residual stream after attention */
+    const float *xn;     /* [rows][d_model] its ffn norm: the experts' input */
+    const float *logits; /* [rows][n_expert] the router's logits */
+} nm_dense_outputs;
 
 typedef struct nm_device nm_device;
 
@@ -71,6 +179,28 @@ typedef struct nm_device_ops {
      * return one: after a failure they return at once and outputs hold
      * zeros, so the host checks this after waiting (nm_device_check). */
     nm_status (*check)(nm_device *dev, nm_error *err);
+
+    /* ---- graph kind 2, the dense part of a layer (optional as a whole:
+     * a device without it has compile_dense NULL, dense_features 0 and
+     * supports(.., NM_GRAPH_DENSE) false) ---- */
+    /* The NM_DENSE_F_* a device implements. */
+    uint32_t dense_features;
+    /* Compiles a dense graph; the spec's pointers need not outlive the
+     * call except the weights and vectors, which stay the host's. input()
+     * is then its x [rows][d_model]; wait, graph_free as for FFN graphs.
+     * The graph's K/V hold nothing until launches or kv_write fill them. */
+    nm_status (*compile_dense)(nm_device *dev, const nm_dense_spec *spec, nm_graph **out,
+                               nm_error *err);
+    /* Starts the graph over the chunk at positions pos .. pos + rows - 1
+     * (pos + rows <= n_pos); returns at once. It reads the K/V of positions
+     * below pos that earlier launches (or kv_write) left. */
+    void (*submit_dense)(nm_graph *g, int32_t pos);
+    void (*dense_outputs)(const nm_graph *g, nm_dense_outputs *out);
+    /* Copies the K and V of positions pos0 .. pos0 + n - 1 out of the graph
+     * into k, v ([n][n_head_kv * head_dim] of kv_type), or into the graph
+     * from them. Not while the graph is submitted and not waited for. */
+    void (*kv_read)(nm_graph *g, int32_t pos0, int32_t n, void *k, void *v);
+    void (*kv_write)(nm_graph *g, int32_t pos0, int32_t n, const void *k, const void *v);
 } nm_device_ops;
 
 struct nm_device {
@@ -121,6 +251,15 @@ bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op 
  * NM_ERR_UNSUPPORTED naming the device, the layer, the matrix and its type. */
 nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, int32_t layer,
                               nm_error *err);
+/* What every device refuses in a dense spec: sizes out of range, heads
+ * that do not divide, weights of the wrong shape, a missing norm;
+ * NM_ERR_INVALID_ARG naming the value. */
+nm_status nm_dense_spec_check(const nm_dense_spec *spec, nm_error *err);
+/* NM_OK when dev compiles spec's dense graph: it has the graph kind, every
+ * matrix's type (supports) and every feature spec asks for
+ * (dense_features); else NM_ERR_UNSUPPORTED naming the device, the layer
+ * and the first thing missing. Does not check the spec's shapes. */
+nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec, nm_error *err);
 /* dev->ops->check, or NM_OK for a device without one. */
 nm_status nm_device_check(nm_device *dev, nm_error *err);
 

@@ -154,8 +154,11 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
         nm_status st = check_session(b, sessions, i, ids, err);
         if (st != NM_OK) return st;
     }
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < n; i++) {
         b->pos[i] = sessions[i]->n_past;
+        /* a static prefill may have left the prompt's K/V on a device */
+        nm_engine_state_kv_to_host(m, sessions[i]->state, b->pos[i]);
+    }
     const nm_model_batch mb = {.pool = b->pool,
                                .n_rows = n,
                                .n_real = n,
@@ -186,7 +189,9 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
         nm_model_ffn_residual(m, il, &mb);
     }
     if (logits) nm_model_output(m, &mb, 0, logits);
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < n; i++) {
+        nm_engine_state_host_wrote(sessions[i]->state, sessions[i]->n_past);
         sessions[i]->n_past++;
+    }
     return NM_OK;
 }

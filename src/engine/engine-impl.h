@@ -32,12 +32,21 @@ size_t nm_engine_state_bytes(const nm_engine_state *st);
  * batches of more than one token, and the dense one used otherwise. */
 nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st);
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st);
+/* Layers whose dense part of static chunks the session's device runs. */
+int32_t nm_engine_state_dense_layers(const nm_engine_state *st);
 /* The tap every later batch reports to (fn NULL: none). */
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx);
 /* Layer il's part of the cache (its stage: the state's, NULL for F32). */
 nm_kv_view nm_engine_state_kv(const nm_model *m, const nm_engine_state *st, int32_t il);
 /* The RoPE factors the state's context size chose (NULL: none). */
 const float *nm_engine_state_rope_factors(const nm_engine_state *st);
+/* For a row computed on the host outside nm_engine_forward (nm_batch_decode)
+ * at position n_past: before it, the host's cache brought up to n_past from
+ * the device's dense graphs that hold the prompt's K/V (nothing to do
+ * without them); after it, the host's cache valid to n_past + 1 and the
+ * graphs' copy no further than n_past. */
+void nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past);
+void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past);
 
 /* A session (session.c): the model, its runtime, the positions cached. */
 struct nm_session {
@@ -53,5 +62,38 @@ struct nm_session {
  * [n][n_vocab] when all_logits, else [n_vocab] of the last token. */
 nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_t *ids, int32_t n,
                             int32_t n_past, float *logits, bool all_logits, nm_error *err);
+
+/* ---- the dense part of layers on the device (device_dense.c) ---- */
+
+typedef struct nm_engine_dense nm_engine_dense;
+
+/* Layer il of m as plain data for a device: the graph of `rows` rows over
+ * n_pos positions, K/V of kv_type, RoPE with rope_factors ([n_rot / 2] or
+ * NULL), F16 matmul inputs rounded under --compat llama.cpp. */
+nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, int32_t n_pos,
+                                   nm_kv_type kv_type, const float *rope_factors);
+
+/* One dense graph (NM_GRAPH_DENSE) of `rows` rows over n_pos positions for
+ * every layer of m that dev supports (nm_device_check_dense) and whose
+ * experts the static executor ex runs on it in part at least
+ * (nm_moe_exec_uses_device); the others keep their dense part on the host,
+ * which may be all of them. Fails only when a graph fails to compile
+ * (memory, a lost device). */
+nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_exec *ex,
+                              int32_t rows, int32_t n_pos, nm_kv_type kv_type,
+                              const float *rope_factors, nm_engine_dense **out, nm_error *err);
+void nm_engine_dense_free(nm_engine_dense *d);
+/* Layers whose dense part the device runs (0 for d NULL). */
+int32_t nm_engine_dense_count(const nm_engine_dense *d);
+bool nm_engine_dense_has(const nm_engine_dense *d, int32_t il);
+/* Layer il's dense part of a static chunk (b->n_rows == rows) on the
+ * device at positions b->n_past..: b->x in; b->x (after attention), b->xn
+ * (ffn norm) and b->router (of the real rows) out; the chunk's K/V stay in
+ * the graph. */
+void nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch *b);
+/* Copies the K/V of positions pos0..pos0+n-1 of layer il between the
+ * host's cache (kv) and the layer's graph. */
+void nm_engine_dense_kv(nm_engine_dense *d, int32_t il, const nm_kv_view *kv, int32_t pos0,
+                        int32_t n, bool to_device);
 
 #endif /* NM_ENGINE_IMPL_H */

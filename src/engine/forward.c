@@ -34,8 +34,14 @@ struct nm_engine_state {
     const nm_expert_weights **experts; /* [n_layer] the layers' expert stacks */
     nm_moe_exec *dense;                /* host MoE: decode, and every batch in dense mode */
     nm_moe_exec *prefill;              /* the static mode's executor, NULL in dense mode  */
-    const float *rope_factors;         /* [n_rot / 2] the model's short or long ones, or NULL */
-    nm_tap_fn tap;                     /* the session's tap, NULL: none */
+    /* The static mode's dense graphs on its device (NULL in dense mode), and
+     * how far each copy of those layers' K/V is valid: positions below
+     * kv_host_n in the host's cache, below kv_dev_n in the graphs. A batch
+     * first brings its side's copy up to n_past from the other. */
+    nm_engine_dense *dense_dev;
+    int32_t kv_host_n, kv_dev_n;
+    const float *rope_factors; /* [n_rot / 2] the model's short or long ones, or NULL */
+    nm_tap_fn tap;             /* the session's tap, NULL: none */
     void *tap_ctx;
     const char *stop_name; /* the tensor whose tap asked to stop the batch, or NULL */
     int32_t stop_layer;
@@ -129,6 +135,9 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
         ep.plan = p->plan;
         ep.device = p->device;
         s = nm_moe_exec_new(&ep, &st->prefill, err);
+        if (s == NM_OK)
+            s = nm_engine_dense_new(m, p->device, st->prefill, n_batch, st->n_kv, p->kv_type,
+                                    st->rope_factors, &st->dense_dev, err);
     }
     if (s != NM_OK) {
         nm_engine_state_free(st);
@@ -155,6 +164,7 @@ void nm_engine_state_free(nm_engine_state *st) {
     nm_free(st->shexp);
     nm_free(st->ids);
     nm_free(st->weights);
+    nm_engine_dense_free(st->dense_dev);
     nm_moe_exec_free(st->prefill);
     nm_moe_exec_free(st->dense);
     nm_free(st->experts);
@@ -166,6 +176,9 @@ int32_t nm_engine_state_n_batch(const nm_engine_state *st) { return st->n_batch;
 size_t nm_engine_state_bytes(const nm_engine_state *st) { return st->n_bytes; }
 nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st) { return st->prefill; }
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st) { return st->dense; }
+int32_t nm_engine_state_dense_layers(const nm_engine_state *st) {
+    return nm_engine_dense_count(st->dense_dev);
+}
 
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx) {
     st->tap = fn;
@@ -193,6 +206,40 @@ nm_kv_view nm_engine_state_kv(const nm_model *m, const nm_engine_state *st, int3
                         .k = (char *)st->k_cache + off * elem,
                         .v = (char *)st->v_cache + off * elem,
                         .stage = st->kv_stage};
+}
+
+/* Brings the copy of the device layers' K/V that the batch at n_past uses
+ * (the graphs', or the host's cache) up to n_past from the other, which is
+ * valid that far: the prompt's K/V stay on the device during prefill and
+ * come to the host's cache before the first batch the host computes (the
+ * first decode step). */
+static void kv_sync(const nm_model *m, nm_engine_state *st, bool on_device, int32_t n_past) {
+    int32_t *have = on_device ? &st->kv_dev_n : &st->kv_host_n;
+    if (*have >= n_past) return;
+    NM_ASSERT((on_device ? st->kv_host_n : st->kv_dev_n) >= n_past);
+    for (int32_t il = 0; il < m->hp.n_layer; il++)
+        if (nm_engine_dense_has(st->dense_dev, il)) {
+            const nm_kv_view kv = nm_engine_state_kv(m, st, il);
+            nm_engine_dense_kv(st->dense_dev, il, &kv, *have, n_past - *have, on_device);
+        }
+    *have = n_past;
+}
+
+/* After a batch at n_past: the side that computed it is valid to n_past +
+ * n (n_past when it failed), the other side no further than n_past. */
+static void kv_written(nm_engine_state *st, bool on_device, int32_t n_past, int32_t n, bool ok) {
+    int32_t *wrote = on_device ? &st->kv_dev_n : &st->kv_host_n;
+    int32_t *other = on_device ? &st->kv_host_n : &st->kv_dev_n;
+    *wrote = ok ? n_past + n : (*wrote < n_past ? *wrote : n_past);
+    if (*other > n_past) *other = n_past;
+}
+
+void nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past) {
+    if (st->dense_dev) kv_sync(m, st, false, n_past);
+}
+
+void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past) {
+    if (st->dense_dev) kv_written(st, false, n_past, 1, true);
 }
 
 nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_t *ids, int32_t n,
@@ -234,17 +281,27 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
                               .shexp = st->shexp,
                               .tap = st->tap ? engine_tap : NULL,
                               .tap_ctx = st};
+    /* A static chunk's dense parts go to the device's graphs, except under
+     * a tap, which sees every block's tensors only on the host. */
+    const bool on_device = ex == st->prefill && st->dense_dev && !st->tap;
+    if (st->dense_dev) kv_sync(m, st, on_device, n_past);
     nm_model_embed(m, ids, n, &b);
     st->stop_name = NULL;
     for (int32_t il = 0; il < hp->n_layer && !st->stop_name; il++) {
-        const nm_kv_view kv = nm_engine_state_kv(m, st, il);
-        if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
+        if (on_device && nm_engine_dense_has(st->dense_dev, il)) {
+            nm_engine_dense_layer(st->dense_dev, il, &b);
+            if (!nm_model_route_logits(m, il, &b)) break;
+        } else {
+            const nm_kv_view kv = nm_engine_state_kv(m, st, il);
+            if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
+        }
         nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
         nm_model_ffn_residual(m, il, &b);
     }
     /* a device that failed (lost) under the chunk's graphs: the chunk's
      * results are void, and the device's message says why */
     nm_status dst = nm_moe_exec_check(ex, err);
+    if (st->dense_dev) kv_written(st, on_device, n_past, n, dst == NM_OK && !st->stop_name);
     if (dst) return dst;
     if (!st->stop_name && logits) nm_model_output(m, &b, all_logits ? 0 : n - 1, logits);
     if (st->stop_name)

@@ -8,6 +8,8 @@
 
 #include "npumoe.h"
 
+#include "threads/threads.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -162,15 +164,36 @@ void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                        int64_t ldy, int64_t j0, int64_t j1);
 
+/* nm_matmul_forward of every row and column over the pool: y[m][N] =
+ * x[m][K] W^T, output columns split into tiles of a multiple of 16 (which
+ * the quantised kernels compute at once). The same bits as one call. */
+void nm_matmul_parallel(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
+                        float *y, int64_t ldy);
+
 /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n; w may be NULL
  * (then no scaling). y may alias x. */
 void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, float eps);
+
+/* torch.nn.LayerNorm without its bias: y[i] = (x[i] - mean) / sqrt(var +
+ * eps) * w[i], the biased variance, sums in double as ggml's norm. y may
+ * alias x. */
+void nm_layernorm_forward(const float *x, const float *w, float *y, int64_t n, float eps);
 
 /* Rotary embedding, NeoX style (element i pairs with i + n_rot/2), on
  * x: [n_head][head_dim] in place at position pos. Angles are computed as
  * ggml does (theta_i = pos * base^(-2i/n_rot), accumulated in float). */
 void nm_rope_neox_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
                           float freq_base);
+
+/* Rotary embedding as ggml's rope_ext with ext_factor 0 and freq_scale 1,
+ * on x: [n_head][head_dim] in place at position pos: pair i's angle is
+ * pos * base^(-2i/n_rot) (accumulated in float) divided by freq_factors[i]
+ * (freq_factors [n_rot / 2] or NULL), cos and sin are scaled by
+ * attn_factor; neox pairs element i with i + n_rot/2, otherwise (llama's
+ * NORM) 2i with 2i + 1. Plain NeoX (no factors, attn_factor 1) is
+ * nm_rope_neox_forward. */
+void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos, float freq_base,
+                     bool neox, const float *freq_factors, float attn_factor);
 
 /* In place softmax over n values. */
 void nm_softmax_forward(float *x, int64_t n);

@@ -1,7 +1,7 @@
 /* Small blocks of the forward pass whose form depends on the architecture:
  * the norm (RMS or Layer, with an optional bias), RoPE (NEOX or NORM
  * pairing, frequency factors, attention factor) and the routing functions
- * adapters choose from. The plain NEOX RoPE and RMSNorm are the kernels'. */
+ * adapters choose from. The norms and RoPE themselves are the kernels'. */
 #include "model.h"
 
 #include "base/base.h"
@@ -12,23 +12,10 @@
 
 void nm_model_norm(const nm_hparams *hp, const float *x, const float *w, const float *b, float *y,
                    int64_t n) {
-    if (hp->norm == NM_NORM_RMS) {
+    if (hp->norm == NM_NORM_RMS)
         nm_rmsnorm_forward(x, w, y, n, hp->rms_eps);
-    } else {
-        /* torch.nn.LayerNorm: biased variance; sums in double as ggml's norm */
-        double sum = 0.0;
-        for (int64_t i = 0; i < n; i++)
-            sum += x[i];
-        const float mean = (float)(sum / (double)n);
-        double sum2 = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float v = x[i] - mean;
-            sum2 += (double)(v * v);
-        }
-        const float scale = 1.0f / sqrtf((float)(sum2 / (double)n) + hp->rms_eps);
-        for (int64_t i = 0; i < n; i++)
-            y[i] = (x[i] - mean) * scale * w[i];
-    }
+    else
+        nm_layernorm_forward(x, w, y, n, hp->rms_eps);
     if (b)
         for (int64_t i = 0; i < n; i++)
             y[i] += b[i];
@@ -36,31 +23,8 @@ void nm_model_norm(const nm_hparams *hp, const float *x, const float *w, const f
 
 void nm_model_rope(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,
                    int32_t pos) {
-    const int head_dim = hp->head_dim, n_rot = hp->n_rot, half = n_rot / 2;
-    if (hp->rope == NM_ROPE_NEOX && !freq_factors && hp->rope_attn_factor == 1.0f) {
-        nm_rope_neox_forward(x, n_head, head_dim, n_rot, pos, hp->rope_freq_base);
-        return;
-    }
-    /* ggml_rope_cache_init with ext_factor 0 and freq_scale 1: the angle of
-     * pair i is pos * base^(-2i/n_rot) (accumulated in float) divided by
-     * freq_factors[i], and cos, sin are scaled by the attention factor. */
-    const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)n_rot);
-    const float mscale = hp->rope_attn_factor;
-    float theta = (float)pos;
-    for (int i = 0; i < half; i++) {
-        const float t = freq_factors ? theta / freq_factors[i] : theta;
-        const float c = cosf(t) * mscale, s = sinf(t) * mscale;
-        /* NEOX pairs i with i + half; NORM pairs 2i with 2i + 1 */
-        const int a = hp->rope == NM_ROPE_NEOX ? i : 2 * i;
-        const int b = hp->rope == NM_ROPE_NEOX ? i + half : 2 * i + 1;
-        for (int h = 0; h < n_head; h++) {
-            float *v = x + (size_t)h * head_dim;
-            const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-        }
-        theta *= theta_scale;
-    }
+    nm_rope_forward(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_freq_base,
+                    hp->rope == NM_ROPE_NEOX, freq_factors, hp->rope_attn_factor);
 }
 
 void nm_model_round_f16(float *x, int64_t n) {

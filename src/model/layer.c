@@ -17,32 +17,10 @@ static bool tap(const nm_model_batch *b, int32_t il, const char *name, const flo
     return !b->tap || b->tap(b->tap_ctx, il, name, values, b->n_real, n_cols);
 }
 
-/* ---- parallel matmul: output columns split into tiles ---- */
-
-typedef struct matmul_ctx {
-    const nm_mat *w;
-    const float *x;
-    int64_t ldx, m;
-    float *y;
-    int64_t ldy, tile;
-} matmul_ctx;
-
-static void matmul_task(void *p, int i, int thread) {
-    (void)thread;
-    const matmul_ctx *c = p;
-    int64_t j0 = (int64_t)i * c->tile, j1 = j0 + c->tile;
-    if (j1 > c->w->n) j1 = c->w->n;
-    nm_matmul_forward(c->w, c->x, c->ldx, c->m, c->y, c->ldy, j0, j1);
-}
-
 /* y[m][N] = x[m][K] W^T over the pool. */
 static void matmul(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                    int64_t ldy) {
-    const int64_t n_threads = nm_pool_n_threads(pool);
-    /* a multiple of 16 columns, which the quantised kernels compute at once */
-    const int64_t tile = ((w->n + 4 * n_threads - 1) / (4 * n_threads) + 15) / 16 * 16;
-    matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
-    nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
+    nm_matmul_parallel(pool, w, x, ldx, m, y, ldy);
 }
 
 /* ---- architecture plumbing: biases, llama.cpp's F16 activations ---- */
@@ -178,11 +156,19 @@ bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
     const nm_hparams *hp = &m->hp;
     const nm_layer *l = &m->layers[il];
     const int32_t n = b->n_real;
-    const int64_t d = hp->n_embd, k = hp->n_expert_used;
+    const int64_t d = hp->n_embd;
     for (int32_t t = 0; t < n; t++)
         nm_model_norm(hp, b->x + t * d, l->ffn_norm, l->ffn_norm_b, b->xn + t * d, d);
     if (!tap(b, il, "ffn_norm", b->xn, d)) return false;
     matmul(b->pool, &l->router, b->xn, d, n, b->router, hp->n_expert);
+    return nm_model_route_logits(m, il, b);
+}
+
+bool nm_model_route_logits(const nm_model *m, int32_t il, const nm_model_batch *b) {
+    const nm_hparams *hp = &m->hp;
+    const nm_layer *l = &m->layers[il];
+    const int32_t n = b->n_real;
+    const int64_t d = hp->n_embd, k = hp->n_expert_used;
     if (!tap(b, il, "ffn_moe_logits", b->router, hp->n_expert)) return false;
     for (int32_t t = 0; t < n; t++)
         m->route(hp, b->router + (size_t)t * hp->n_expert, b->ids + t * k, b->weights + t * k,

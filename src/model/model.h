@@ -262,6 +262,10 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
  * (m->route) of each real row into ids and weights; xn is then what the
  * experts take. Taps ffn_norm, ffn_moe_logits. */
 bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b);
+/* The second half of nm_model_route, for a caller that computed xn and the
+ * router's logits elsewhere (a device's dense graph): routing of each real
+ * row from b->router. Taps ffn_moe_logits. */
+bool nm_model_route_logits(const nm_model *m, int32_t il, const nm_model_batch *b);
 /* Floats per row the shared expert needs in nm_model_batch.shexp (0: the
  * model has none). */
 int64_t nm_model_shexp_scratch(const nm_hparams *hp);

@@ -123,6 +123,10 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
                        const float *xn, int32_t n, const int32_t *ids, const float *weights,
                        float *out);
 
+/* Whether the executor runs any of layer's experts on its device: some
+ * graph in naive, tiers and grouped; some group placed on the device in
+ * npumoe. */
+bool nm_moe_exec_uses_device(const nm_moe_exec *ex, int32_t layer);
 /* Per-layer metrics since creation or the last reset. */
 const nm_moe_layer_metrics *nm_moe_exec_metrics(const nm_moe_exec *ex);
 /* NM_OK, or the failure of the executor's device (nm_device_check): the

@@ -516,6 +516,11 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
     mt->moe_ns += nm_time_ns() - t_start;
 }
 
+bool nm_moe_exec_uses_device(const nm_moe_exec *ex, int32_t layer) {
+    NM_ASSERT(layer >= 0 && layer < ex->n_layer);
+    return ex->layers && ex->layers[layer].n_graphs > 0;
+}
+
 nm_status nm_moe_exec_check(const nm_moe_exec *ex, nm_error *err) {
     return ex->device ? nm_device_check(ex->device, err) : NM_OK;
 }

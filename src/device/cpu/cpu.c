@@ -4,8 +4,8 @@
  * prepared copies; nothing is copied), so the whole static path runs and is
  * tested on any machine and host work overlaps device work as it would with
  * an accelerator. Like any static-graph device it computes every capacity
- * row, padding included. */
-#include "device/device.h"
+ * row, padding included. Its dense-part graphs are dense.c's. */
+#include "cpu-impl.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
@@ -52,6 +52,7 @@ typedef struct slot {
 
 struct nm_graph {
     cpu_device *dev;
+    nm_cpu_dense *dense; /* a dense-part graph (dense.c); NULL: an FFN graph */
     int32_t layer;
     int32_t n_slots;
     slot *slots; /* [n_slots] */
@@ -105,6 +106,10 @@ static void ffn_down_task(void *p, int i, int thread) {
 }
 
 static void run_graph(cpu_device *d, nm_graph *g) {
+    if (g->dense) {
+        nm_cpu_dense_run(g->dense, d->pool);
+        return;
+    }
     /* down needs every d_ff column of its slot: the two phases are two pool
      * runs, the barrier between them the pool's own. */
     nm_pool_run(d->pool, ffn_gate_up_task, g, g->n_slots * g->tiles_ff);
@@ -132,7 +137,7 @@ static void *device_main(void *p) {
 
         pthread_mutex_lock(&d->mutex);
         d->stats.busy_ns += t1 - t0;
-        d->stats.rows_computed += (uint64_t)g->n_rows;
+        d->stats.rows_computed += (uint64_t)g->n_rows; /* 0 for dense graphs */
         g->finished = true;
         pthread_cond_broadcast(&d->done);
     }
@@ -191,12 +196,22 @@ static void plan_tiles(int n_threads, int32_t n_slots, int64_t width, int *tiles
 }
 
 static void graph_release(nm_graph *g) {
+    nm_cpu_dense_free(g->dense);
     nm_free(g->slots);
     nm_free(g->in);
     nm_free(g->out);
     nm_free(g->h);
     nm_free(g->u);
     nm_free(g);
+}
+
+/* Counts a compiled graph of `bytes` bytes in the device's stats. */
+static void register_graph(cpu_device *d, size_t bytes) {
+    pthread_mutex_lock(&d->mutex);
+    d->n_graphs++;
+    d->stats.graphs_compiled++;
+    d->stats.device_bytes += bytes;
+    pthread_mutex_unlock(&d->mutex);
 }
 
 static nm_status cpu_compile(nm_device *dev, const nm_ffn_spec *spec, nm_graph **out,
@@ -256,25 +271,48 @@ static nm_status cpu_compile(nm_device *dev, const nm_ffn_spec *spec, nm_graph *
     NM_ASSERT((int64_t)g->n_slots * g->tiles_ff <= INT32_MAX &&
               (int64_t)g->n_slots * g->tiles_dm <= INT32_MAX);
 
-    pthread_mutex_lock(&d->mutex);
-    d->n_graphs++;
-    d->stats.graphs_compiled++;
     /* device_bytes is what live graphs hold now. The cpu device computes
      * straight from the host's (mapped) weights, so only its buffers count:
      * input, output and the two d_ff scratch buffers. */
-    d->stats.device_bytes += g->bytes;
-    pthread_mutex_unlock(&d->mutex);
+    register_graph(d, g->bytes);
     *out = g;
     return NM_OK;
 }
 
-static float *cpu_input(nm_graph *g) { return g->in; }
+static nm_status cpu_compile_dense(nm_device *dev, const nm_dense_spec *spec, nm_graph **out,
+                                   nm_error *err) {
+    *out = NULL;
+    cpu_device *d = dev->ctx;
+    nm_status st = nm_dense_spec_check(spec, err);
+    if (st) return st;
+    nm_graph *g = nm_calloc(1, sizeof *g);
+    if (!g) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a dense graph");
+    st = nm_cpu_dense_new(spec, d->n_threads, &g->dense, err);
+    if (st) {
+        nm_free(g);
+        return st;
+    }
+    g->dev = d;
+    g->layer = spec->layer;
+    /* like FFN graphs, it computes from the host's weights: only its
+     * buffers and K/V count */
+    g->bytes = nm_cpu_dense_bytes(g->dense);
+    register_graph(d, g->bytes);
+    *out = g;
+    return NM_OK;
+}
 
-static const float *cpu_output(const nm_graph *g) { return g->out; }
+static float *cpu_input(nm_graph *g) { return g->dense ? nm_cpu_dense_input(g->dense) : g->in; }
+
+static const float *cpu_output(const nm_graph *g) {
+    NM_ASSERT(!g->dense); /* dense graphs have dense_outputs */
+    return g->out;
+}
 
 static void cpu_submit(nm_graph *g) {
     cpu_device *d = g->dev;
     pthread_mutex_lock(&d->mutex);
+    if (g->dense) d->stats.dense_dispatches++;
     NM_ASSERT(!g->pending); /* submitted twice without a wait in between */
     g->pending = true;
     g->finished = false;
@@ -298,6 +336,28 @@ static void cpu_wait(nm_graph *g) {
         pthread_cond_wait(&d->done, &d->mutex);
     g->pending = false;
     pthread_mutex_unlock(&d->mutex);
+}
+
+static void cpu_submit_dense(nm_graph *g, int32_t pos) {
+    NM_ASSERT(g->dense && !g->pending);
+    nm_cpu_dense_set_pos(g->dense, pos);
+    cpu_submit(g);
+}
+
+static void cpu_dense_outputs(const nm_graph *g, nm_dense_outputs *out) {
+    NM_ASSERT(g->dense);
+    nm_cpu_dense_outputs(g->dense, out);
+}
+
+static void cpu_kv_read(nm_graph *g, int32_t pos0, int32_t n, void *k, void *v) {
+    NM_ASSERT(g->dense && !g->pending);
+    nm_cpu_dense_kv_copy(g->dense, pos0, n, k, v, false);
+}
+
+static void cpu_kv_write(nm_graph *g, int32_t pos0, int32_t n, const void *k, const void *v) {
+    NM_ASSERT(g->dense && !g->pending);
+    /* the copy only reads k and v in this direction */
+    nm_cpu_dense_kv_copy(g->dense, pos0, n, (void *)k, (void *)v, true);
 }
 
 /* A graph still on the device is waited for first, so error paths of the
@@ -336,9 +396,11 @@ static void cpu_free(nm_device *dev) {
     nm_free(d);
 }
 
-/* Every type the host kernels compute with, read where the model maps it. */
+/* Every type the host kernels compute with, read where the model maps it,
+ * in both kinds of graph. */
 static bool cpu_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op) {
-    return op == NM_GRAPH_FFN && nm_dtype_is_supported(weight_type);
+    (void)dev;
+    return (op == NM_GRAPH_FFN || op == NM_GRAPH_DENSE) && nm_dtype_is_supported(weight_type);
 }
 
 static const nm_device_ops cpu_ops = {
@@ -352,6 +414,13 @@ static const nm_device_ops cpu_ops = {
     .graph_free = cpu_graph_free,
     .stats = cpu_stats,
     .free = cpu_free,
+    /* every form the host's own layer computes */
+    .dense_features = (1u << NM_DENSE_F_COUNT) - 1,
+    .compile_dense = cpu_compile_dense,
+    .submit_dense = cpu_submit_dense,
+    .dense_outputs = cpu_dense_outputs,
+    .kv_read = cpu_kv_read,
+    .kv_write = cpu_kv_write,
 };
 
 nm_status nm_cpu_device_new(const nm_cpu_device_params *params, nm_device **out, nm_error *err) {

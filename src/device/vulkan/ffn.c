@@ -34,6 +34,7 @@ typedef struct vk_phase {
 
 struct nm_graph {
     vk_device *dev;
+    vk_dense *dense; /* a dense-part graph (dense.c); NULL: an ffn graph */
     int32_t layer;
     int32_t n_slots;
     int64_t d_model, d_ff, n_rows;
@@ -138,13 +139,8 @@ static nm_status upload_mat(vk_device *d, vk_uploader *u, VkDeviceSize at, const
 
 static void graph_release(nm_graph *g) {
     vk_device *d = g->dev;
-    if (g->queries) d->fn.vkDestroyQueryPool(d->dev, g->queries, NULL);
-    if (g->fence) d->fn.vkDestroyFence(d->dev, g->fence, NULL);
-    if (g->cb) {
-        pthread_mutex_lock(&d->mutex);
-        d->fn.vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &g->cb);
-        pthread_mutex_unlock(&d->mutex);
-    }
+    nm_vk_dense_free(g->dense);
+    nm_vk_command_buffer_free(d, g->cb, g->fence, g->queries);
     if (g->desc_pool) d->fn.vkDestroyDescriptorPool(d->dev, g->desc_pool, NULL);
     nm_vk_buffer_free(d, &g->weights);
     nm_vk_buffer_free(d, &g->in);
@@ -259,15 +255,6 @@ static nm_status build_sets(nm_graph *g, nm_error *err) {
     return NM_OK;
 }
 
-static void barrier(vk_device *d, VkCommandBuffer cb, VkPipelineStageFlags dst_stage,
-                    VkAccessFlags dst_access) {
-    const VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                                .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                                .dstAccessMask = dst_access};
-    d->fn.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, dst_stage, 0, 1, &mb, 0,
-                               NULL, 0, NULL);
-}
-
 /* The graph's one command buffer, its fence and its timestamps. */
 static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, nm_error *err) {
     vk_device *d = g->dev;
@@ -275,13 +262,7 @@ static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, n
     nm_status st = nm_vk_pipeline(d, ph1->slot_type, 0, &pipe[0], err);
     if (st == NM_OK) st = nm_vk_pipeline(d, ph2->slot_type, 1, &pipe[1], err);
     if (st) return st;
-    VkResult r = nm_vk_command_buffer(d, &g->cb, &g->fence);
-    if (r == VK_SUCCESS && d->timestamps) {
-        const VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
-                                          .queryType = VK_QUERY_TYPE_TIMESTAMP,
-                                          .queryCount = 2};
-        r = d->fn.vkCreateQueryPool(d->dev, &qi, NULL, &g->queries);
-    }
+    VkResult r = nm_vk_timed_command_buffer(d, &g->cb, &g->fence, &g->queries);
     const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     /* the pool's command buffers are recorded under the device's mutex */
     pthread_mutex_lock(&d->mutex);
@@ -314,13 +295,14 @@ static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, n
                                               1, &g->sets[2 * i + phase], 0, NULL);
                 d->fn.vkCmdPushConstants(cb, d->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                          sizeof pc, pc);
-                d->fn.vkCmdDispatch(cb, (uint32_t)((n_out + 63) / 64), (uint32_t)((s->rows + 3) / 4),
-                                  1);
+                d->fn.vkCmdDispatch(cb, (uint32_t)((n_out + 63) / 64),
+                                    (uint32_t)((s->rows + 3) / 4), 1);
             }
             if (phase == 0)
-                barrier(d, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
+                nm_vk_barrier(d, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                              VK_ACCESS_SHADER_READ_BIT);
         }
-        barrier(d, cb, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        nm_vk_barrier(d, cb, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         if (g->queries)
             d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, g->queries, 1);
         r = d->fn.vkEndCommandBuffer(cb);
@@ -387,12 +369,59 @@ nm_status nm_vk_ffn_compile(nm_device *dev, const nm_ffn_spec *spec, nm_graph **
     return NM_OK;
 }
 
-float *nm_vk_ffn_input(nm_graph *g) { return g->in.map; }
+float *nm_vk_ffn_input(nm_graph *g) { return g->dense ? nm_vk_dense_input(g->dense) : g->in.map; }
 
-const float *nm_vk_ffn_output(const nm_graph *g) { return g->out.map; }
+const float *nm_vk_ffn_output(const nm_graph *g) {
+    NM_ASSERT(!g->dense); /* dense graphs have dense_outputs */
+    return g->out.map;
+}
 
-/* Records the device's failure (first one wins); under d->mutex. */
-static void set_lost(vk_device *d, VkResult r, const char *what) {
+nm_status nm_vk_dense_compile(nm_device *dev, const nm_dense_spec *spec, nm_graph **out,
+                              nm_error *err) {
+    *out = NULL;
+    vk_device *d = dev->ctx;
+    nm_status st = nm_dense_spec_check(spec, err);
+    if (st) return st;
+    nm_graph *g = nm_calloc(1, sizeof *g);
+    if (!g) return nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory for a dense graph", d->label);
+    g->dev = d;
+    g->layer = spec->layer;
+    st = nm_vk_dense_new(d, spec, &g->dense, err);
+    if (st) {
+        nm_free(g);
+        return st;
+    }
+    pthread_mutex_lock(&d->mutex);
+    d->n_graphs++;
+    d->stats.graphs_compiled++;
+    pthread_mutex_unlock(&d->mutex);
+    *out = g;
+    return NM_OK;
+}
+
+void nm_vk_dense_submit(nm_graph *g, int32_t pos) {
+    NM_ASSERT(g->dense && !g->pending);
+    nm_vk_dense_launch(g->dense, pos);
+    g->pending = true;
+}
+
+void nm_vk_dense_outputs(const nm_graph *g, nm_dense_outputs *out) {
+    NM_ASSERT(g->dense);
+    nm_vk_dense_get_outputs(g->dense, out);
+}
+
+void nm_vk_kv_read(nm_graph *g, int32_t pos0, int32_t n, void *k, void *v) {
+    NM_ASSERT(g->dense && !g->pending);
+    nm_vk_dense_kv(g->dense, pos0, n, k, v, false);
+}
+
+void nm_vk_kv_write(nm_graph *g, int32_t pos0, int32_t n, const void *k, const void *v) {
+    NM_ASSERT(g->dense && !g->pending);
+    /* only read in this direction */
+    nm_vk_dense_kv(g->dense, pos0, n, (void *)k, (void *)v, true);
+}
+
+void nm_vk_set_lost(vk_device *d, VkResult r, const char *what) {
     if (d->lost) return;
     nm_error e = {0};
     d->lost = nm_vk_fail(d, r, what, &e);
@@ -402,12 +431,7 @@ static void set_lost(vk_device *d, VkResult r, const char *what) {
 void nm_vk_ffn_submit(nm_graph *g) {
     vk_device *d = g->dev;
     NM_ASSERT(!g->pending); /* submitted twice without a wait in between */
-    if (!g->in.coherent) {
-        const VkMappedMemoryRange range = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE,
-                                           .memory = g->in.mem,
-                                           .size = VK_WHOLE_SIZE};
-        d->fn.vkFlushMappedMemoryRanges(d->dev, 1, &range);
-    }
+    nm_vk_sync_mapped(d, &g->in, true);
     const VkSubmitInfo si = {
         .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &g->cb};
     pthread_mutex_lock(&d->mutex);
@@ -417,34 +441,42 @@ void nm_vk_ffn_submit(nm_graph *g) {
         if (r == VK_SUCCESS)
             g->pending = true;
         else
-            set_lost(d, r, "submitting an ffn graph");
+            nm_vk_set_lost(d, r, "submitting an ffn graph");
     }
     d->stats.dispatches++;
     pthread_mutex_unlock(&d->mutex);
 }
 
+void nm_vk_wait_fence(vk_device *d, VkFence fence, VkQueryPool queries, int64_t submit_ns,
+                      const char *what) {
+    VkResult r = d->fn.vkWaitForFences(d->dev, 1, &fence, VK_TRUE, UINT64_MAX);
+    const int64_t t_done = nm_time_ns();
+    uint64_t ts[2] = {0, 0};
+    if (r == VK_SUCCESS) r = d->fn.vkResetFences(d->dev, 1, &fence);
+    if (r == VK_SUCCESS && queries)
+        r = d->fn.vkGetQueryPoolResults(d->dev, queries, 0, 2, sizeof ts, ts, sizeof ts[0],
+                                        VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    pthread_mutex_lock(&d->mutex);
+    if (r == VK_SUCCESS) /* without timestamps, submit to the fence seen signalled */
+        d->stats.busy_ns +=
+            queries ? (int64_t)((double)(ts[1] - ts[0]) * d->timestamp_period) : t_done - submit_ns;
+    else
+        nm_vk_set_lost(d, r, what);
+    pthread_mutex_unlock(&d->mutex);
+}
+
 void nm_vk_ffn_wait(nm_graph *g) {
     vk_device *d = g->dev;
-    VkResult r = VK_SUCCESS;
+    if (g->dense) {
+        if (g->pending) nm_vk_dense_wait(g->dense);
+        g->pending = false;
+        return;
+    }
     if (g->pending) {
-        r = d->fn.vkWaitForFences(d->dev, 1, &g->fence, VK_TRUE, UINT64_MAX);
-        const int64_t t_done = nm_time_ns();
-        uint64_t ts[2] = {0, 0};
-        if (r == VK_SUCCESS) r = d->fn.vkResetFences(d->dev, 1, &g->fence);
-        if (r == VK_SUCCESS && g->queries)
-            r = d->fn.vkGetQueryPoolResults(d->dev, g->queries, 0, 2, sizeof ts, ts, sizeof ts[0],
-                                            VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+        nm_vk_wait_fence(d, g->fence, g->queries, g->submit_ns, "waiting for an ffn graph");
         g->pending = false;
         pthread_mutex_lock(&d->mutex);
-        if (r == VK_SUCCESS) {
-            /* without timestamps, submit to the fence seen signalled */
-            d->stats.busy_ns += g->queries
-                                    ? (int64_t)((double)(ts[1] - ts[0]) * d->timestamp_period)
-                                    : t_done - g->submit_ns;
-            d->stats.rows_computed += (uint64_t)g->n_rows;
-        } else {
-            set_lost(d, r, "waiting for an ffn graph");
-        }
+        d->stats.rows_computed += (uint64_t)g->n_rows;
         pthread_mutex_unlock(&d->mutex);
     }
     pthread_mutex_lock(&d->mutex);
@@ -455,12 +487,7 @@ void nm_vk_ffn_wait(nm_graph *g) {
         memset(g->out.map, 0, (size_t)g->n_rows * (size_t)g->d_model * sizeof(float));
         return;
     }
-    if (!g->out.coherent) {
-        const VkMappedMemoryRange range = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE,
-                                           .memory = g->out.mem,
-                                           .size = VK_WHOLE_SIZE};
-        d->fn.vkInvalidateMappedMemoryRanges(d->dev, 1, &range);
-    }
+    nm_vk_sync_mapped(d, &g->out, false);
 }
 
 void nm_vk_ffn_free(nm_graph *g) {

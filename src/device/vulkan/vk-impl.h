@@ -95,6 +95,14 @@ typedef struct vk_buffer {
 
 /* Weight types the shaders read in their own format. */
 enum { VK_N_TYPES = 5 };
+/* The dense graph's shaders, in the order of vk_device.dense_modules. */
+enum {
+    VK_DENSE_NORM = 0,
+    VK_DENSE_QK = 1,
+    VK_DENSE_ATTN = 2,
+    VK_DENSE_MATMUL = 3,
+    VK_DENSE_SHADERS = 4
+};
 
 typedef struct vk_device {
     nm_device base; /* base.ctx points back here */
@@ -112,6 +120,11 @@ typedef struct vk_device {
     bool timestamps;         /* the queue family has valid timestamp bits */
     double timestamp_period; /* ns per timestamp tick */
     VkShaderModule gate_up_module, down_module;
+    /* graph kind 2 (dense.c): the shaders dense_norm, dense_qk, dense_attn,
+     * dense_matmul, the first three's pipelines and the matmul's by type */
+    VkShaderModule dense_modules[VK_DENSE_SHADERS];
+    VkPipeline dense_pipes[VK_DENSE_SHADERS - 1];
+    VkPipeline dense_matmul[VK_N_TYPES];
     VkDescriptorSetLayout set_layout;
     VkPipelineLayout pipe_layout;
     /* [type slot][0 gate_up, 1 down], created on first use */
@@ -142,6 +155,19 @@ nm_status nm_vk_buffer_new(vk_device *d, VkDeviceSize bytes, VkBufferUsageFlags 
 void nm_vk_buffer_free(vk_device *d, vk_buffer *b);
 /* A primary command buffer of the device's pool and an unsignalled fence. */
 VkResult nm_vk_command_buffer(vk_device *d, VkCommandBuffer *cb, VkFence *fence);
+/* The same with a pool of two timestamps when the queue has them (else
+ * *queries stays NULL); freed, whatever was made, by
+ * nm_vk_command_buffer_free. */
+VkResult nm_vk_timed_command_buffer(vk_device *d, VkCommandBuffer *cb, VkFence *fence,
+                                    VkQueryPool *queries);
+void nm_vk_command_buffer_free(vk_device *d, VkCommandBuffer cb, VkFence fence,
+                               VkQueryPool queries);
+/* A barrier after compute writes, before dst_stage's dst_access. */
+void nm_vk_barrier(vk_device *d, VkCommandBuffer cb, VkPipelineStageFlags dst_stage,
+                   VkAccessFlags dst_access);
+/* Makes host writes of a mapped buffer visible to the device (to_device)
+ * or the device's writes to the host; nothing for coherent memory. */
+void nm_vk_sync_mapped(vk_device *d, const vk_buffer *b, bool to_device);
 /* Uploads into one device buffer through a staging buffer: begin, any
  * number of nm_vk_upload (each copied into staging at once; the staging
  * buffer goes to the device when full), end (flush: the last copies, and
@@ -164,6 +190,16 @@ nm_status nm_vk_upload(vk_device *d, vk_uploader *u, VkDeviceSize dst_offset, co
 nm_status nm_vk_uploader_end(vk_device *d, vk_uploader *u, bool flush, nm_error *err);
 /* The pipeline of phase (0 gate_up, 1 down) for weights of type slot t. */
 nm_status nm_vk_pipeline(vk_device *d, int t, int phase, VkPipeline *out, nm_error *err);
+/* The dense graph's pipeline of shader `which` (VK_DENSE_*; the matmul's
+ * for weights of type slot t, the others ignore t). */
+nm_status nm_vk_dense_pipeline(vk_device *d, int which, int t, VkPipeline *out, nm_error *err);
+/* Records the device's failure (the first one wins); under d->mutex. */
+void nm_vk_set_lost(vk_device *d, VkResult r, const char *what);
+/* Waits for a submitted command buffer's fence and resets it; adds the
+ * time it ran (its two timestamps in queries, or else host time since
+ * submit_ns) to the stats; a failure marks the device lost. */
+void nm_vk_wait_fence(vk_device *d, VkFence fence, VkQueryPool queries, int64_t submit_ns,
+                      const char *what);
 /* The Vulkan devices of this machine, at most cap, into out (for
  * nm_device_list, which declares it too); why: "" or why there are none. */
 int nm_vulkan_list(nm_device_info *out, int cap, char *why, size_t why_bytes);
@@ -179,11 +215,41 @@ void nm_vk_ffn_submit(nm_graph *g);
 void nm_vk_ffn_wait(nm_graph *g);
 void nm_vk_ffn_free(nm_graph *g);
 
+/* ---- ffn.c: graph kind 2's entry points (the graph struct is ffn.c's) ---- */
+
+nm_status nm_vk_dense_compile(nm_device *dev, const nm_dense_spec *spec, nm_graph **out,
+                              nm_error *err);
+void nm_vk_dense_submit(nm_graph *g, int32_t pos);
+void nm_vk_dense_outputs(const nm_graph *g, nm_dense_outputs *out);
+void nm_vk_kv_read(nm_graph *g, int32_t pos0, int32_t n, void *k, void *v);
+void nm_vk_kv_write(nm_graph *g, int32_t pos0, int32_t n, const void *k, const void *v);
+
+/* ---- dense.c: the dense graph itself ---- */
+
+typedef struct vk_dense vk_dense;
+nm_status nm_vk_dense_new(vk_device *d, const nm_dense_spec *spec, vk_dense **out, nm_error *err);
+void nm_vk_dense_free(vk_dense *g);
+float *nm_vk_dense_input(vk_dense *g);
+void nm_vk_dense_launch(vk_dense *g, int32_t pos);
+void nm_vk_dense_wait(vk_dense *g);
+void nm_vk_dense_get_outputs(const vk_dense *g, nm_dense_outputs *out);
+/* Copies n positions from pos0 of the graph's K/V out (to_graph false)
+ * or in; a failure marks the device lost (outputs of a read are zeros). */
+void nm_vk_dense_kv(vk_dense *g, int32_t pos0, int32_t n, void *k, void *v, bool to_graph);
+
 /* ---- spirv.c, generated at build time by glslc ---- */
 
 extern const uint32_t nm_vk_spirv_ffn_gate_up[];
 extern const size_t nm_vk_spirv_ffn_gate_up_bytes;
 extern const uint32_t nm_vk_spirv_ffn_down[];
 extern const size_t nm_vk_spirv_ffn_down_bytes;
+extern const uint32_t nm_vk_spirv_dense_norm[];
+extern const size_t nm_vk_spirv_dense_norm_bytes;
+extern const uint32_t nm_vk_spirv_dense_qk[];
+extern const size_t nm_vk_spirv_dense_qk_bytes;
+extern const uint32_t nm_vk_spirv_dense_attn[];
+extern const size_t nm_vk_spirv_dense_attn_bytes;
+extern const uint32_t nm_vk_spirv_dense_matmul[];
+extern const size_t nm_vk_spirv_dense_matmul_bytes;
 
 #endif /* NM_VK_IMPL_H */

@@ -326,6 +326,48 @@ VkResult nm_vk_command_buffer(vk_device *d, VkCommandBuffer *cb, VkFence *fence)
     return r;
 }
 
+VkResult nm_vk_timed_command_buffer(vk_device *d, VkCommandBuffer *cb, VkFence *fence,
+                                    VkQueryPool *queries) {
+    VkResult r = nm_vk_command_buffer(d, cb, fence);
+    if (r == VK_SUCCESS && d->timestamps) {
+        const VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                          .queryType = VK_QUERY_TYPE_TIMESTAMP,
+                                          .queryCount = 2};
+        r = d->fn.vkCreateQueryPool(d->dev, &qi, NULL, queries);
+    }
+    return r;
+}
+
+void nm_vk_command_buffer_free(vk_device *d, VkCommandBuffer cb, VkFence fence,
+                               VkQueryPool queries) {
+    if (queries) d->fn.vkDestroyQueryPool(d->dev, queries, NULL);
+    if (fence) d->fn.vkDestroyFence(d->dev, fence, NULL);
+    if (cb) {
+        pthread_mutex_lock(&d->mutex);
+        d->fn.vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &cb);
+        pthread_mutex_unlock(&d->mutex);
+    }
+}
+
+void nm_vk_barrier(vk_device *d, VkCommandBuffer cb, VkPipelineStageFlags dst_stage,
+                   VkAccessFlags dst_access) {
+    const VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                                .dstAccessMask = dst_access};
+    d->fn.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, dst_stage, 0, 1, &mb, 0,
+                               NULL, 0, NULL);
+}
+
+void nm_vk_sync_mapped(vk_device *d, const vk_buffer *b, bool to_device) {
+    if (b->coherent) return;
+    const VkMappedMemoryRange range = {
+        .sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = b->mem, .size = VK_WHOLE_SIZE};
+    if (to_device)
+        d->fn.vkFlushMappedMemoryRanges(d->dev, 1, &range);
+    else
+        d->fn.vkInvalidateMappedMemoryRanges(d->dev, 1, &range);
+}
+
 nm_status nm_vk_uploader_begin(vk_device *d, vk_buffer *dst, vk_uploader *u, nm_error *err) {
     memset(u, 0, sizeof *u);
     u->dst = dst;
@@ -416,10 +458,12 @@ nm_status nm_vk_uploader_end(vk_device *d, vk_uploader *u, bool flush, nm_error 
 
 /* ---- pipelines ---- */
 
-nm_status nm_vk_pipeline(vk_device *d, int t, int phase, VkPipeline *out, nm_error *err) {
+/* *slot, created from module for weights of type slot t when still NULL. */
+static nm_status pipeline_of(vk_device *d, VkShaderModule module, int t, VkPipeline *slot,
+                             VkPipeline *out, nm_error *err) {
     pthread_mutex_lock(&d->mutex);
     VkResult r = VK_SUCCESS;
-    if (!d->pipelines[t][phase]) {
+    if (!*slot) {
         const uint32_t spec_values[2] = {slot_types[t], WORKGROUP};
         const VkSpecializationMapEntry entries[2] = {
             {.constantID = 0, .offset = 0, .size = 4},
@@ -433,18 +477,29 @@ nm_status nm_vk_pipeline(vk_device *d, int t, int phase, VkPipeline *out, nm_err
             .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
             .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                       .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                      .module = phase == 0 ? d->gate_up_module : d->down_module,
+                      .module = module,
                       .pName = "main",
                       .pSpecializationInfo = &spec},
             .layout = d->pipe_layout,
         };
-        r = d->fn.vkCreateComputePipelines(d->dev, VK_NULL_HANDLE, 1, &ci, NULL,
-                                           &d->pipelines[t][phase]);
+        r = d->fn.vkCreateComputePipelines(d->dev, VK_NULL_HANDLE, 1, &ci, NULL, slot);
     }
-    *out = d->pipelines[t][phase];
+    *out = *slot;
     pthread_mutex_unlock(&d->mutex);
     if (r != VK_SUCCESS) return nm_vk_fail(d, r, "creating a compute pipeline", err);
     return NM_OK;
+}
+
+nm_status nm_vk_pipeline(vk_device *d, int t, int phase, VkPipeline *out, nm_error *err) {
+    return pipeline_of(d, phase == 0 ? d->gate_up_module : d->down_module, t,
+                       &d->pipelines[t][phase], out, err);
+}
+
+nm_status nm_vk_dense_pipeline(vk_device *d, int which, int t, VkPipeline *out, nm_error *err) {
+    NM_ASSERT(which >= 0 && which < VK_DENSE_SHADERS);
+    if (which == VK_DENSE_MATMUL)
+        return pipeline_of(d, d->dense_modules[which], t, &d->dense_matmul[t], out, err);
+    return pipeline_of(d, d->dense_modules[which], 0, &d->dense_pipes[which], out, err);
 }
 
 /* ---- the device ---- */
@@ -474,6 +529,12 @@ static void vk_free(nm_device *dev) {
         for (int t = 0; t < VK_N_TYPES; t++)
             for (int p = 0; p < 2; p++)
                 if (d->pipelines[t][p]) d->fn.vkDestroyPipeline(d->dev, d->pipelines[t][p], NULL);
+        for (int t = 0; t < VK_N_TYPES; t++)
+            if (d->dense_matmul[t]) d->fn.vkDestroyPipeline(d->dev, d->dense_matmul[t], NULL);
+        for (int i = 0; i < VK_DENSE_SHADERS - 1; i++)
+            if (d->dense_pipes[i]) d->fn.vkDestroyPipeline(d->dev, d->dense_pipes[i], NULL);
+        for (int i = 0; i < VK_DENSE_SHADERS; i++)
+            if (d->dense_modules[i]) d->fn.vkDestroyShaderModule(d->dev, d->dense_modules[i], NULL);
         if (d->pipe_layout) d->fn.vkDestroyPipelineLayout(d->dev, d->pipe_layout, NULL);
         if (d->set_layout) d->fn.vkDestroyDescriptorSetLayout(d->dev, d->set_layout, NULL);
         if (d->gate_up_module) d->fn.vkDestroyShaderModule(d->dev, d->gate_up_module, NULL);
@@ -486,10 +547,11 @@ static void vk_free(nm_device *dev) {
     nm_free(d);
 }
 
-/* The shaders read the types of slot_types as they are; ffn.c converts
- * every other type the host computes with to F32 at upload. */
+/* The shaders read the types of slot_types as they are; ffn.c and dense.c
+ * convert every other type the host computes with to F32 at upload. */
 static bool vk_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op op) {
-    return op == NM_GRAPH_FFN && nm_dtype_is_supported(weight_type);
+    (void)dev;
+    return (op == NM_GRAPH_FFN || op == NM_GRAPH_DENSE) && nm_dtype_is_supported(weight_type);
 }
 
 static const nm_device_ops vk_ops = {
@@ -504,6 +566,14 @@ static const nm_device_ops vk_ops = {
     .stats = vk_stats,
     .free = vk_free,
     .check = vk_check,
+    /* every form but an F16 cache and llama.cpp's F16 rounding (dense.c) */
+    .dense_features =
+        ((1u << NM_DENSE_F_COUNT) - 1) & ~(uint32_t)(NM_DENSE_F_KV_F16 | NM_DENSE_F_ROUND_F16),
+    .compile_dense = nm_vk_dense_compile,
+    .submit_dense = nm_vk_dense_submit,
+    .dense_outputs = nm_vk_dense_outputs,
+    .kv_read = nm_vk_kv_read,
+    .kv_write = nm_vk_kv_write,
 };
 
 /* The queue, the shaders and the pipeline layout of d->phys. */
@@ -557,6 +627,21 @@ static nm_status open_device(vk_device *d, nm_error *err) {
                                          .pCode = nm_vk_spirv_ffn_down};
     r = f->vkCreateShaderModule(d->dev, &m0, NULL, &d->gate_up_module);
     if (r == VK_SUCCESS) r = f->vkCreateShaderModule(d->dev, &m1, NULL, &d->down_module);
+    const struct {
+        const uint32_t *code;
+        size_t bytes;
+    } dense[VK_DENSE_SHADERS] = {
+        [VK_DENSE_NORM] = {nm_vk_spirv_dense_norm, nm_vk_spirv_dense_norm_bytes},
+        [VK_DENSE_QK] = {nm_vk_spirv_dense_qk, nm_vk_spirv_dense_qk_bytes},
+        [VK_DENSE_ATTN] = {nm_vk_spirv_dense_attn, nm_vk_spirv_dense_attn_bytes},
+        [VK_DENSE_MATMUL] = {nm_vk_spirv_dense_matmul, nm_vk_spirv_dense_matmul_bytes},
+    };
+    for (int i = 0; i < VK_DENSE_SHADERS && r == VK_SUCCESS; i++) {
+        const VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                             .codeSize = dense[i].bytes,
+                                             .pCode = dense[i].code};
+        r = f->vkCreateShaderModule(d->dev, &mi, NULL, &d->dense_modules[i]);
+    }
     if (r != VK_SUCCESS) return nm_vk_fail(d, r, "vkCreateShaderModule", err);
     VkDescriptorSetLayoutBinding b[3];
     for (uint32_t i = 0; i < 3; i++)
@@ -571,7 +656,7 @@ static nm_status open_device(vk_device *d, nm_error *err) {
     r = f->vkCreateDescriptorSetLayout(d->dev, &li, NULL, &d->set_layout);
     if (r != VK_SUCCESS) return nm_vk_fail(d, r, "vkCreateDescriptorSetLayout", err);
     const VkPushConstantRange push = {
-        .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = 8 * sizeof(uint32_t)};
+        .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = 32 * sizeof(uint32_t)};
     const VkPipelineLayoutCreateInfo pli = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
                                             .setLayoutCount = 1,
                                             .pSetLayouts = &d->set_layout,

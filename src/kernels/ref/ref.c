@@ -84,6 +84,46 @@ void nm_rope_neox_forward(float *x, int n_head, int head_dim, int n_rot, int32_t
     }
 }
 
+void nm_layernorm_forward(const float *x, const float *w, float *y, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i];
+    const float mean = (float)(sum / (double)n);
+    double sum2 = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i] - mean;
+        sum2 += (double)(v * v);
+    }
+    const float scale = 1.0f / sqrtf((float)(sum2 / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (x[i] - mean) * scale * w[i];
+}
+
+void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos, float freq_base,
+                     bool neox, const float *freq_factors, float attn_factor) {
+    if (neox && !freq_factors && attn_factor == 1.0f) {
+        nm_rope_neox_forward(x, n_head, head_dim, n_rot, pos, freq_base);
+        return;
+    }
+    NM_ASSERT(n_rot % 2 == 0 && n_rot <= head_dim);
+    const int half = n_rot / 2;
+    const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    float theta = (float)pos;
+    for (int i = 0; i < half; i++) {
+        const float t = freq_factors ? theta / freq_factors[i] : theta;
+        const float c = cosf(t) * attn_factor, s = sinf(t) * attn_factor;
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + (size_t)h * head_dim;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+        theta *= theta_scale;
+    }
+}
+
 void nm_softmax_forward(float *x, int64_t n) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; i++)
