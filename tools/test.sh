@@ -19,11 +19,12 @@ fuzz_seconds=${NM_FUZZ_SECONDS:-60}
 # and plan files, npumoe serve); libmicrohttpd (HTTP) for npumoe serve
 # (NM_SERVE=ON); Node.js (with its npm) for the test that drives serve with
 # the openai npm package, which npm installs into the build folder from the
-# registry (cli_serve_openai).
+# registry (cli_serve_openai); curl for the raw shapes of serve's answers
+# (cli_serve).
 packages=(gcc clang cmake make python3 python3-numpy unicode-data libclang-rt-14-dev
           python3-torch python3-regex bible-kjv bible-kjv-text
           libvulkan-dev glslc mesa-vulkan-drivers pkg-config libmicrohttpd-dev libjansson-dev
-          nodejs)
+          nodejs curl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """npumoe serve as an HTTP client meets it (issue 15), with the Python
-standard library alone (http.client, sockets).
+standard library (http.client, sockets), and curl for the raw shapes
+(status line, headers, the bytes of an answer and of a stream).
 
 Usage: test_serve.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
 
@@ -190,6 +191,41 @@ def test_answers(b, model, srv):
     st, _, ev, chunks, joined, fin = stream_text(srv, "/v1/completions", greedy)
     check(st == 200 and joined == text and ev[-1] == "[DONE]" and fin[-1] == "length",
           "streamed completion joins into the non-streamed text", f"{joined!r} vs {text!r}")
+
+
+def test_curl(srv):
+    """curl, a client written by others, for the raw shapes: the status line,
+    the headers and the bytes of a whole answer and of a stream."""
+    url = f"http://127.0.0.1:{srv.port}/v1/completions"
+    body = json.dumps({"prompt": "In the beginning", "max_tokens": 4, "temperature": 0})
+    r = subprocess.run(["curl", "-sS", "-i", "-H", "Content-Type: application/json", "-d", body,
+                        url], capture_output=True, timeout=120)
+    head, _, payload = r.stdout.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    out = json.loads(payload) if r.returncode == 0 and payload else {}
+    check(r.returncode == 0 and lines[0].startswith("HTTP/1.1 200") and
+          "content-type: application/json" in [l.lower() for l in lines] and
+          set(out) >= {"id", "object", "created", "model", "choices", "usage"} and
+          out["object"] == "text_completion" and out["choices"][0]["index"] == 0 and
+          out["choices"][0]["finish_reason"] == "length" and
+          out["usage"]["completion_tokens"] == 4,
+          "curl: a completion's status line, Content-Type and OpenAI fields", repr(r.stdout[:400]))
+    stream = json.dumps({"prompt": "In the beginning", "max_tokens": 4, "temperature": 0,
+                         "stream": True})
+    r = subprocess.run(["curl", "-sS", "-N", "-i", "-H", "Content-Type: application/json", "-d",
+                        stream, url], capture_output=True, timeout=120)
+    head, _, payload = r.stdout.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    text = payload.decode()
+    events = [e for e in text.split("\n\n") if e]
+    ok = (r.returncode == 0 and lines[0].startswith("HTTP/1.1 200") and
+          "content-type: text/event-stream" in [l.lower() for l in lines] and
+          text.endswith("data: [DONE]\n\n") and all(e.startswith("data: ") for e in events))
+    chunks = [json.loads(e[6:]) for e in events[:-1]] if ok else []
+    check(ok and len(chunks) >= 2 and all(c["object"] == "text_completion" for c in chunks) and
+          chunks[-1]["choices"][0]["finish_reason"] == "length",
+          "curl: a stream is text/event-stream, 'data: {...}' events ending with data: [DONE]",
+          repr(r.stdout[:400]))
 
 
 def read_metrics(srv, auth=None):
@@ -671,6 +707,7 @@ def main():
         check(st == 200 and out["object"] == "list" and
               out["data"][0]["id"] == os.path.basename(model), "/v1/models", repr(out))
         test_answers(b, model, srv)
+        test_curl(srv)
         test_errors(srv, model)
     finally:
         rc = srv.stop(signal.SIGTERM)
