@@ -189,7 +189,7 @@ static const option_def option_table[] = {
      "seconds a connection may stay silent (a client sending its request slowly is cut off "
      "after it; default 30)"},
     {"max-connections", 0, KIND_I32, F(max_connections), 1, 1 << 16, CMD_SERVE, "N",
-     "connections open at once; more are closed as they arrive (default 64)"},
+     "connections open at once; more wait unanswered until one closes (default 64)"},
     {"help", 'h', KIND_FLAG, F(help), 0, 0, ALL_MODEL | CMD_QUANTIZE | CMD_DEVICES, NULL,
      "show this help"},
 };

@@ -102,6 +102,14 @@ static int free_slots(const scheduler *s) {
     return n;
 }
 
+/* Under the lock: the gauges of /metrics as the slots and queue are now. */
+static void update_gauges(scheduler *s) {
+    pthread_mutex_lock(&s->m->lock);
+    s->m->slots_busy = s->n_slots - free_slots(s);
+    s->m->queued = s->q_len;
+    pthread_mutex_unlock(&s->m->lock);
+}
+
 bool scheduler_submit(scheduler *s, job *q) {
     pthread_mutex_lock(&s->lock);
     /* a free slot takes one without a queue; then q_cap may wait */
@@ -123,9 +131,11 @@ static void end_job(scheduler *s, slot *sl, finish_kind kind) {
     const double ttft = q->n_gen > 0 ? sl->t_first - q->t_arrival : -1;
     const double speed = q->n_gen > 1 && t > sl->t_first ? (q->n_gen - 1) / (t - sl->t_first) : -1;
     metrics_finished(s->m, kind, q->g.n_ids, q->n_gen, ttft, speed);
-    pthread_cond_broadcast(&q->changed);
     sl->job = NULL;
     sl->pending = false;
+    /* before the waiter wakes: a client that has its answer sees the slot free */
+    update_gauges(s);
+    pthread_cond_broadcast(&q->changed);
     unref(q);
 }
 
@@ -263,10 +273,7 @@ static int schedule(scheduler *s, int *admitted) {
         s->slots[i].job = q;
         admitted[n++] = i;
     }
-    pthread_mutex_lock(&s->m->lock);
-    s->m->slots_busy = s->n_slots - free_slots(s);
-    s->m->queued = s->q_len;
-    pthread_mutex_unlock(&s->m->lock);
+    update_gauges(s);
     return n;
 }
 
