@@ -390,10 +390,31 @@ def main():
                         "--budget-ms", "1", "-o", rows_plan + "x"], "not both", "--rows and --budget-ms")
     expect_error(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--objective",
                         "best", "-o", rows_plan + "x"], "budget or quantile", "an unknown objective")
-    r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--budget-ms", "0.5",
-                   "-o", rows_plan + ".ms"])
-    check(r.returncode == 0 and b"objective:  budget, " in r.stdout, "plan --budget-ms",
-          (r.stdout + r.stderr).decode()[-300:])
+    # --budget-ms: rows = floor(ms / the profile's per-row cost), that cost being
+    # (the largest graph's time - a dispatch) / its rows (docs/NPUMOE.md); the
+    # budget asked is that of 300.5 rows on the profile just measured, so the
+    # test holds however fast this machine is (a busy one may even measure no
+    # per-row cost, which must then be refused by name)
+    with open(prof) as f:
+        pj = json.load(f)
+    big = max(pj["points"], key=lambda pt: pt["n_experts"] * pt["capacity"])
+    row_ms = (big["graph_ms"] - pj["dispatch_ms"]) / (big["n_experts"] * big["capacity"])
+    if row_ms > 0:
+        r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "--budget-ms",
+                       repr(300.5 * row_ms), "-o", rows_plan + ".ms"])
+        mp = {}
+        if r.returncode == 0:
+            with open(rows_plan + ".ms") as f:
+                mp = json.load(f)
+        check(r.returncode == 0 and b"objective:  budget, 300 rows per layer" in r.stdout and
+              all(l["budget_rows"] == 300 for l in mp.get("layers", [{}])),
+              "plan --budget-ms: the rows the profile's per-row cost buys",
+              (r.stdout + r.stderr).decode()[-300:])
+    else:
+        expect_error(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof,
+                            "--budget-ms", "0.5", "-o", rows_plan + ".ms"], "no per-row cost",
+                     "plan --budget-ms on a profile whose largest graph costs no more than a "
+                     "dispatch")
     with open(calib) as f:
         old = f.read().replace('"version": 2', '"version": 1', 1)
     with open(calib + ".v1", "w") as f:
