@@ -233,17 +233,12 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
         st = nm_vk_dense_pipeline(d, VK_DENSE_MATMUL, g->mats[i].slot, &p_mm[i], err);
     if (st) return st;
     VkResult r = nm_vk_timed_command_buffer(d, &g->cb, &g->fence, &g->queries);
-    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     pthread_mutex_lock(&d->mutex);
-    if (r == VK_SUCCESS) r = d->fn.vkBeginCommandBuffer(g->cb, &bi);
+    if (r == VK_SUCCESS) r = nm_vk_timed_begin(d, g->cb, g->queries);
     if (r == VK_SUCCESS) {
         VkCommandBuffer cb = g->cb;
         const VkAccessFlags rd = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
         const VkPipelineStageFlags cs = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
-        if (g->queries) {
-            d->fn.vkCmdResetQueryPool(cb, g->queries, 0, 2);
-            d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, g->queries, 0);
-        }
         d->fn.vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, d->pipe_layout, 0, 1,
                                       &g->set, 0, NULL);
         norm(g, cb, p_norm, s, g->o_x, NONE, NONE, NONE, g->o_a, g->attn_norm, g->attn_norm_b);
@@ -293,10 +288,7 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
              g->ffn_norm_b);
         nm_vk_barrier(d, cb, cs, rd);
         matmul(g, cb, p_mm[MAT_R], MAT_R, g->n_expert, g->d_model, g->o_xn, g->o_logits);
-        nm_vk_barrier(d, cb, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-        if (g->queries)
-            d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, g->queries, 1);
-        r = d->fn.vkEndCommandBuffer(cb);
+        r = nm_vk_timed_end(d, cb, g->queries);
     }
     pthread_mutex_unlock(&d->mutex);
     if (r != VK_SUCCESS) return nm_vk_fail(d, r, "recording a dense graph", err);

@@ -263,16 +263,11 @@ static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, n
     if (st == NM_OK) st = nm_vk_pipeline(d, ph2->slot_type, 1, &pipe[1], err);
     if (st) return st;
     VkResult r = nm_vk_timed_command_buffer(d, &g->cb, &g->fence, &g->queries);
-    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     /* the pool's command buffers are recorded under the device's mutex */
     pthread_mutex_lock(&d->mutex);
-    if (r == VK_SUCCESS) r = d->fn.vkBeginCommandBuffer(g->cb, &bi);
+    if (r == VK_SUCCESS) r = nm_vk_timed_begin(d, g->cb, g->queries);
     if (r == VK_SUCCESS) {
         VkCommandBuffer cb = g->cb;
-        if (g->queries) {
-            d->fn.vkCmdResetQueryPool(cb, g->queries, 0, 2);
-            d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, g->queries, 0);
-        }
         for (int phase = 0; phase < 2; phase++) {
             d->fn.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe[phase]);
             const int64_t n_out = phase == 0 ? g->d_ff : g->d_model;
@@ -302,10 +297,7 @@ static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, n
                 nm_vk_barrier(d, cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                               VK_ACCESS_SHADER_READ_BIT);
         }
-        nm_vk_barrier(d, cb, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-        if (g->queries)
-            d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, g->queries, 1);
-        r = d->fn.vkEndCommandBuffer(cb);
+        r = nm_vk_timed_end(d, cb, g->queries);
     }
     pthread_mutex_unlock(&d->mutex);
     if (r != VK_SUCCESS) return nm_vk_fail(d, r, "recording an ffn graph", err);

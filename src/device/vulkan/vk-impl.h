@@ -162,6 +162,11 @@ VkResult nm_vk_timed_command_buffer(vk_device *d, VkCommandBuffer *cb, VkFence *
                                     VkQueryPool *queries);
 void nm_vk_command_buffer_free(vk_device *d, VkCommandBuffer cb, VkFence fence,
                                VkQueryPool queries);
+/* A graph's recording, between these two under the device's mutex: begin
+ * starts cb and, with queries, stamps the start (query 0); end makes the
+ * compute writes visible to the host, stamps the end (query 1) and ends cb. */
+VkResult nm_vk_timed_begin(vk_device *d, VkCommandBuffer cb, VkQueryPool queries);
+VkResult nm_vk_timed_end(vk_device *d, VkCommandBuffer cb, VkQueryPool queries);
 /* A barrier after compute writes, before dst_stage's dst_access. */
 void nm_vk_barrier(vk_device *d, VkCommandBuffer cb, VkPipelineStageFlags dst_stage,
                    VkAccessFlags dst_access);

@@ -349,6 +349,22 @@ void nm_vk_command_buffer_free(vk_device *d, VkCommandBuffer cb, VkFence fence,
     }
 }
 
+VkResult nm_vk_timed_begin(vk_device *d, VkCommandBuffer cb, VkQueryPool queries) {
+    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    const VkResult r = d->fn.vkBeginCommandBuffer(cb, &bi);
+    if (r == VK_SUCCESS && queries) {
+        d->fn.vkCmdResetQueryPool(cb, queries, 0, 2);
+        d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 0);
+    }
+    return r;
+}
+
+VkResult nm_vk_timed_end(vk_device *d, VkCommandBuffer cb, VkQueryPool queries) {
+    nm_vk_barrier(d, cb, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    if (queries) d->fn.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 1);
+    return d->fn.vkEndCommandBuffer(cb);
+}
+
 void nm_vk_barrier(vk_device *d, VkCommandBuffer cb, VkPipelineStageFlags dst_stage,
                    VkAccessFlags dst_access) {
     const VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
