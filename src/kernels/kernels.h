@@ -179,6 +179,11 @@ void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, flo
  * alias x. */
 void nm_layernorm_forward(const float *x, const float *w, float *y, int64_t n, float eps);
 
+/* A block's norm: nm_layernorm_forward (layer) or nm_rmsnorm_forward, then
+ * + b[i] when b is not NULL. */
+void nm_norm_bias_forward(bool layer, const float *x, const float *w, const float *b, float *y,
+                          int64_t n, float eps);
+
 /* Rotary embedding, NeoX style (element i pairs with i + n_rot/2), on
  * x: [n_head][head_dim] in place at position pos. Angles are computed as
  * ggml does (theta_i = pos * base^(-2i/n_rot), accumulated in float). */

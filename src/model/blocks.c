@@ -12,13 +12,7 @@
 
 void nm_model_norm(const nm_hparams *hp, const float *x, const float *w, const float *b, float *y,
                    int64_t n) {
-    if (hp->norm == NM_NORM_RMS)
-        nm_rmsnorm_forward(x, w, y, n, hp->rms_eps);
-    else
-        nm_layernorm_forward(x, w, y, n, hp->rms_eps);
-    if (b)
-        for (int64_t i = 0; i < n; i++)
-            y[i] += b[i];
+    nm_norm_bias_forward(hp->norm != NM_NORM_RMS, x, w, b, y, n, hp->rms_eps);
 }
 
 void nm_model_rope(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,

@@ -35,13 +35,7 @@ struct nm_cpu_dense {
 /* norm(x) * w + b over n values by the spec's norm. */
 static void norm(const nm_dense_spec *s, const float *x, const float *w, const float *b, float *y,
                  int64_t n) {
-    if (s->norm == NM_DENSE_NORM_LAYER)
-        nm_layernorm_forward(x, w, y, n, s->norm_eps);
-    else
-        nm_rmsnorm_forward(x, w, y, n, s->norm_eps);
-    if (b)
-        for (int64_t i = 0; i < n; i++)
-            y[i] += b[i];
+    nm_norm_bias_forward(s->norm == NM_DENSE_NORM_LAYER, x, w, b, y, n, s->norm_eps);
 }
 
 static void add_bias(float *y, const float *b, int64_t n) {

@@ -99,6 +99,17 @@ void nm_layernorm_forward(const float *x, const float *w, float *y, int64_t n, f
         y[i] = (x[i] - mean) * scale * w[i];
 }
 
+void nm_norm_bias_forward(bool layer, const float *x, const float *w, const float *b, float *y,
+                          int64_t n, float eps) {
+    if (layer)
+        nm_layernorm_forward(x, w, y, n, eps);
+    else
+        nm_rmsnorm_forward(x, w, y, n, eps);
+    if (b)
+        for (int64_t i = 0; i < n; i++)
+            y[i] += b[i];
+}
+
 void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos, float freq_base,
                      bool neox, const float *freq_factors, float attn_factor) {
     if (neox && !freq_factors && attn_factor == 1.0f) {
