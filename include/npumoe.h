@@ -440,8 +440,8 @@ typedef struct nm_moe_layer_metrics {
 } nm_moe_layer_metrics;
 
 typedef struct nm_session_metrics {
-    nm_mode mode; /* the mode prompt batches ran in */
-    int32_t n_layer;
+    nm_mode mode;    /* the mode prompt batches ran in */
+    int32_t n_layer; /* the layers with experts (a leading dense layer has none) */
     const nm_moe_layer_metrics *layers; /* [n_layer], owned by the session, which
                                            updates them in place: valid until
                                            the session is freed */

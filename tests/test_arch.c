@@ -1,5 +1,7 @@
 /* End-to-end logits of olmoe, llama-with-experts (Mixtral), phimoe (under
- * --compat llama.cpp) and qwen2moe against llama.cpp's goldens in
+ * --compat llama.cpp), qwen2moe and deepseek2 (latent attention with wq and
+ * with q_lora, a leading dense layer, shared experts, YaRN; its cache holds
+ * the latents where llama.cpp's holds full K/V) against llama.cpp's goldens in
  * vectors/tiny-* (qwen2moe's in tests/vectors/, made by hand with a
  * llama.cpp of Feb 2025; tests/vectors/README.md): every
  * stored position of the one-shot prefill, batches of 16 on 2 threads, split
@@ -10,6 +12,7 @@
  * Tolerances, max|d| / max|golden| per row (vectors README "achievable"):
  *   tiny-olmoe, F32:            1e-5;
  *   tiny-qwen2moe, F16 embd/out: 1e-5 (as tiny-phimoe, below);
+ *   tiny-deepseek2{,-qlora}, F32: 1e-5;
  *   tiny-phimoe, F16 embd/out:  1e-5 (compat rounds the output matmul's
  *                               input to F16, as ggml does);
  *   tiny-mixtral, all F16:      1e-3 (compat rounds matmul inputs to F16,
@@ -31,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24, MAX_K = 8, MAX_LAYERS = 4 };
+enum { N_PROMPTS = 6, MAX_IDS = 512, N_GREEDY = 24, MAX_K = 8, MAX_LAYERS = 32 };
 
 /* The routing of a one-shot prefill, recorded by wrapping the model's
  * routing function: call c is layer c / n_tokens, token c % n_tokens. */
@@ -94,7 +97,8 @@ static void run_model(const char *base, const char *name, nm_compat compat, doub
     if (st != NM_OK) fprintf(stderr, "%s: load: %s\n", name, err.msg);
     CHECK_INT_EQ(st, NM_OK);
     if (!m) return;
-    const int nv = m->hp.n_vocab, n_layer = m->hp.n_layer, k = m->hp.n_expert_used;
+    /* the layers with a router: the goldens list no experts for a dense one */
+    const int nv = m->hp.n_vocab, n_layer = nm_model_n_moe_layers(&m->hp), k = m->hp.n_expert_used;
     CHECK(n_layer <= MAX_LAYERS && k <= MAX_K);
     float *logits = malloc((size_t)MAX_IDS * nv * sizeof(float));
     float *split = malloc((size_t)MAX_IDS * nv * sizeof(float));
@@ -240,7 +244,195 @@ static void phimoe_semantics_distance(void) {
     nm_model_free(m[1]);
 }
 
+/* ---- DeepSeek's group-limited routing, against a reference written here
+ * from DeepSeek-V2's description (llama.cpp of Feb 2025 has none) ---- */
+
+/* Softmax in double; each group's score its best probability; the
+ * n_group_used best groups (lower index first among equals) by sorting;
+ * then the k best experts of those by sorting; weights renormalised and
+ * scaled as the file says. */
+static void ref_group_route(const nm_hparams *hp, const float *logits, int32_t *ids,
+                            double *weights) {
+    const int n = hp->n_expert, G = hp->n_group, per = n / G, k = hp->n_expert_used;
+    double p[256], mx = logits[0], sum = 0, gscore[256];
+    int gorder[256], eorder[256], ne = 0;
+    for (int e = 1; e < n; e++)
+        mx = fmax(mx, logits[e]);
+    for (int e = 0; e < n; e++)
+        sum += p[e] = exp((double)logits[e] - mx);
+    for (int e = 0; e < n; e++)
+        p[e] /= sum;
+    for (int g = 0; g < G; g++) {
+        gscore[g] = 0;
+        for (int j = 0; j < per; j++)
+            gscore[g] = fmax(gscore[g], p[g * per + j]);
+        gorder[g] = g;
+    }
+    for (int i = 1; i < G; i++) /* insertion sort, stable: descending score */
+        for (int j = i; j > 0 && gscore[gorder[j]] > gscore[gorder[j - 1]]; j--) {
+            int t = gorder[j];
+            gorder[j] = gorder[j - 1];
+            gorder[j - 1] = t;
+        }
+    for (int e = 0; e < n; e++)
+        for (int s = 0; s < hp->n_group_used; s++)
+            if (e / per == gorder[s]) eorder[ne++] = e;
+    for (int i = 1; i < ne; i++)
+        for (int j = i; j > 0 && p[eorder[j]] > p[eorder[j - 1]]; j--) {
+            int t = eorder[j];
+            eorder[j] = eorder[j - 1];
+            eorder[j - 1] = t;
+        }
+    double wsum = 0;
+    for (int s = 0; s < k; s++) {
+        ids[s] = eorder[s];
+        wsum += weights[s] = p[eorder[s]];
+    }
+    for (int s = 0; s < k; s++)
+        weights[s] =
+            (hp->expert_weights_norm ? weights[s] / wsum : weights[s]) * hp->expert_weights_scale;
+}
+
+/* A model of tests/vectors, or NULL after a failed check. */
+static nm_model *load_own(const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/model.gguf", OWN_VECTORS, name);
+    nm_model *m = NULL;
+    nm_error err = {0};
+    nm_model_params mp = nm_model_default_params();
+    CHECK_INT_EQ(nm_model_load(path, &mp, &m, &err), NM_OK);
+    return m;
+}
+
+static struct { int64_t calls, differ, outside_plain; } grp;
+
+/* The model's routing checked against the reference on every call. */
+static void checking_route(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
+                           float *probs) {
+    nm_route_deepseek(hp, logits, ids, weights, probs);
+    int32_t want[MAX_K], plain[MAX_K];
+    double w[MAX_K];
+    ref_group_route(hp, logits, want, w);
+    nm_hparams flat = *hp;
+    flat.n_group = 1;
+    float pw[MAX_K];
+    nm_route_deepseek(&flat, logits, plain, pw, probs);
+    bool same_as_plain = true;
+    for (int s = 0; s < hp->n_expert_used; s++) {
+        if (ids[s] != want[s] || fabs(weights[s] - w[s]) > 1e-6 * fabs(w[s]) + 1e-9) grp.differ++;
+        same_as_plain &= plain[s] == ids[s];
+    }
+    grp.outside_plain += !same_as_plain;
+    grp.calls++;
+}
+
+static void group_limited_routing(void) {
+    /* direct: random logits, several group shapes, with and without norm */
+    const int shapes[][4] = {{8, 4, 2, 3}, {16, 8, 3, 6}, {64, 8, 3, 6}, {12, 3, 1, 2}};
+    nm_rng r;
+    nm_rng_seed(&r, 1616);
+    float logits[256], probs[256], weights[MAX_K];
+    int32_t ids[MAX_K];
+    int64_t differ = 0, confined = 0, cases = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int norm = 0; norm < 2; norm++)
+            for (int c = 0; c < 200; c++) {
+                nm_hparams hp = {.n_expert = shapes[sh][0],
+                                 .n_group = shapes[sh][1],
+                                 .n_group_used = shapes[sh][2],
+                                 .n_expert_used = shapes[sh][3],
+                                 .expert_weights_norm = norm,
+                                 .expert_weights_scale = norm ? 1.0f : 2.5f};
+                for (int e = 0; e < hp.n_expert; e++)
+                    logits[e] = (float)(4.0 * nm_rng_unit(&r) - 2.0);
+                nm_route_deepseek(&hp, logits, ids, weights, probs);
+                int32_t want[MAX_K];
+                double w[MAX_K];
+                ref_group_route(&hp, logits, want, w);
+                for (int s = 0; s < hp.n_expert_used; s++)
+                    differ += ids[s] != want[s] || fabs(weights[s] - w[s]) > 1e-6 * w[s];
+                /* the plain top-k would have reached outside the groups */
+                nm_hparams flat = hp;
+                flat.n_group = 1;
+                int32_t plain[MAX_K];
+                nm_route_deepseek(&flat, logits, plain, weights, probs);
+                for (int s = 0; s < hp.n_expert_used; s++)
+                    if (plain[s] != ids[s]) {
+                        confined++;
+                        break;
+                    }
+                cases++;
+            }
+    printf("group-limited routing: %lld cases, %lld slots differ from the reference, %lld where "
+           "the groups changed the choice\n",
+           (long long)cases, (long long)differ, (long long)confined);
+    CHECK_INT_EQ(differ, 0);
+    CHECK(confined > cases / 10);
+
+    /* through the model: tiny-deepseek2-qlora (8 experts) read as 4 groups
+     * of 2, 2 of them eligible: every routing call of a prompt checked */
+    nm_model *m = load_own("tiny-deepseek2-qlora");
+    if (!m) return;
+    char path[1024];
+    nm_error err = {0};
+    m->hp.n_group = 4;
+    m->hp.n_group_used = 2;
+    m->route = checking_route;
+    int32_t prompt[MAX_IDS];
+    snprintf(path, sizeof path, "%s/tiny-deepseek2-qlora/prompts.txt", OWN_VECTORS);
+    const int n = nm_test_read_ints(path, 3, prompt, MAX_IDS);
+    nm_session *s = nm_test_new_session(m, 512, 2);
+    float *logits_out = malloc((size_t)m->hp.n_vocab * sizeof(float));
+    memset(&grp, 0, sizeof grp);
+    if (s) CHECK_INT_EQ(nm_session_eval(s, prompt, n, logits_out, false, &err), NM_OK);
+    printf("group-limited routing in tiny-deepseek2-qlora: %lld calls, %lld slots differ, %lld "
+           "changed by the groups\n",
+           (long long)grp.calls, (long long)grp.differ, (long long)grp.outside_plain);
+    CHECK_INT_EQ(grp.calls, (int64_t)n * nm_model_n_moe_layers(&m->hp));
+    CHECK_INT_EQ(grp.differ, 0);
+    CHECK(grp.outside_plain > 0);
+    free(logits_out);
+    nm_session_free(s);
+    nm_model_free(m);
+}
+
+/* The cache of an MLA model holds the latent and k_pe per position and no
+ * values: a session's memory against a closed form. */
+static void latent_cache_size(void) {
+    nm_model *m = load_own("tiny-deepseek2");
+    if (!m) return;
+    nm_error err = {0};
+    const nm_hparams *hp = &m->hp;
+    CHECK_INT_EQ(nm_model_kv_k_dim(hp), hp->n_lora_kv + hp->n_rot);
+    CHECK_INT_EQ(nm_model_kv_v_dim(hp), 0);
+    /* two sessions 1024 positions apart: the difference is the cache */
+    nm_session_params sp = nm_session_default_params();
+    sp.n_batch = 16;
+    sp.n_threads = 1;
+    nm_session *big = NULL, *small = NULL;
+    sp.n_ctx = 1024 + 16;
+    CHECK_INT_EQ(nm_session_new(m, &sp, &big, &err), NM_OK);
+    sp.n_ctx = 16;
+    CHECK_INT_EQ(nm_session_new(m, &sp, &small, &err), NM_OK);
+    if (big && small) {
+        const size_t grown = nm_session_bytes(big) - nm_session_bytes(small);
+        /* the latents and k_pe of every layer, F32, + the scores' scratch */
+        const size_t want =
+            (size_t)1024 * hp->n_layer * (hp->n_lora_kv + hp->n_rot) * 4 + (size_t)1024 * 4;
+        printf("tiny-deepseek2: 1024 more positions cost %zu bytes (closed form %zu)\n", grown,
+               want);
+        CHECK_INT_EQ(grown, want);
+    }
+    nm_session_free(big);
+    nm_session_free(small);
+    nm_model_free(m);
+}
+
 int main(void) {
+    group_limited_routing();
+    latent_cache_size();
+    run_model(OWN_VECTORS, "tiny-deepseek2", NM_COMPAT_NONE, 1e-5);
+    run_model(OWN_VECTORS, "tiny-deepseek2-qlora", NM_COMPAT_NONE, 1e-5);
     run_model(NM_VECTORS_DIR, "tiny-olmoe", NM_COMPAT_NONE, 1e-5);
     run_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_LLAMA_CPP, 1e-5);
     run_model(NM_VECTORS_DIR, "tiny-mixtral", NM_COMPAT_LLAMA_CPP, 1e-3);

@@ -1,6 +1,7 @@
-/* nm_gen_fixture: writes tiny random-weight qwen3moe (or qwen2moe) GGUF
- * models, laid out key for key and tensor for tensor as llama.cpp's
- * convert_hf_to_gguf.py writes Qwen3-MoE (Qwen2-MoE), so that CI can run the
+/* nm_gen_fixture: writes tiny random-weight qwen3moe (or qwen2moe, or
+ * deepseek2) GGUF models, laid out key for key and tensor for tensor as
+ * llama.cpp's convert_hf_to_gguf.py writes Qwen3-MoE (Qwen2-MoE,
+ * DeepSeek-V2), so that CI can run the
  * whole engine without downloading a model.
  * The weights come from a seeded generator that gives the same bytes on
  * every machine, and the router is skewed the way trained routers are (a few
@@ -32,8 +33,12 @@
 typedef struct config {
     int64_t seed, n_layer, d_model, n_head, n_head_kv, head_dim, n_expert, n_expert_used, n_ff,
         n_ctx, n_vocab;
-    int64_t n_ff_shexp;         /* qwen2moe: the shared expert's width */
-    const char *arch;           /* qwen3moe | qwen2moe */
+    int64_t n_ff_shexp; /* qwen2moe: the shared expert's width */
+    /* deepseek2: MLA ranks and widths (head_dim is the key length, nope +
+     * rope), leading dense layers, shared experts, YaRN, routing */
+    int64_t q_lora, kv_lora, rope_dim, v_head_dim, dense_lead, dense_ffn, n_shared, yarn_factor,
+        yarn_orig_ctx, expert_norm, n_group, n_group_used;
+    const char *arch;           /* qwen3moe | qwen2moe | deepseek2 */
     const char *type_name;      /* f32 | f16 | bf16 */
     const char *embd_type_name; /* of token_embd and output; NULL: type_name */
     int64_t tied;               /* flag: 0 or 1 */
@@ -68,10 +73,34 @@ static const option options[] = {
     {"--experts-used", OPT_INT, FIELD(n_expert_used), 1, 1024, "N",
      "experts per token, at most --experts (default 4)"},
     {"--ffn", OPT_INT, FIELD(n_ff), 1, 65536, "N", "expert hidden width (default 32)"},
-    {"--arch", OPT_STR, FIELD(arch), 0, 0, "qwen3moe|qwen2moe",
-     "architecture (default qwen3moe); qwen2moe has q/k/v biases and a shared expert"},
+    {"--arch", OPT_STR, FIELD(arch), 0, 0, "qwen3moe|qwen2moe|deepseek2",
+     "architecture (default qwen3moe); qwen2moe has q/k/v biases and a shared expert; "
+     "deepseek2 latent attention, leading dense layers and shared experts"},
     {"--shared-ffn", OPT_INT, FIELD(n_ff_shexp), 1, 65536, "N",
      "qwen2moe: the shared expert's hidden width (default 64)"},
+    {"--q-lora", OPT_INT, FIELD(q_lora), 0, 65536, "N",
+     "deepseek2: q_lora_rank, 0 for wq as V2-Lite (default 0)"},
+    {"--kv-lora", OPT_INT, FIELD(kv_lora), 1, 65536, "N", "deepseek2: kv_lora_rank (default 16)"},
+    {"--rope-dim", OPT_INT, FIELD(rope_dim), 2, 1024, "N",
+     "deepseek2: rotated dims of a head, even, below --head-dim (default 8)"},
+    {"--v-head-dim", OPT_INT, FIELD(v_head_dim), 1, 1024, "N",
+     "deepseek2: value width of a head (default 16)"},
+    {"--dense-lead", OPT_INT, FIELD(dense_lead), 0, 256, "N",
+     "deepseek2: leading dense layers, below --layers (default 1)"},
+    {"--dense-ffn", OPT_INT, FIELD(dense_ffn), 1, 65536, "N",
+     "deepseek2: their FFN width (default 64)"},
+    {"--shared-experts", OPT_INT, FIELD(n_shared), 0, 64, "N",
+     "deepseek2: shared experts of --ffn width each (default 2)"},
+    {"--yarn-factor", OPT_INT, FIELD(yarn_factor), 0, 1024, "N",
+     "deepseek2: YaRN scaling factor, 0 for none (default 40)"},
+    {"--yarn-orig-ctx", OPT_INT, FIELD(yarn_orig_ctx), 1, 1 << 24, "N",
+     "deepseek2: YaRN's original context (default 64)"},
+    {"--expert-norm", OPT_FLAG, FIELD(expert_norm), 0, 0, NULL,
+     "deepseek2: expert_weights_norm true (renormalised top-k)"},
+    {"--groups", OPT_INT, FIELD(n_group), 1, 256, "N",
+     "deepseek2: expert_group_count, group-limited routing when > 1 (default: no key)"},
+    {"--groups-used", OPT_INT, FIELD(n_group_used), 1, 256, "N",
+     "deepseek2: expert_group_used_count (needs --groups)"},
     {"--ctx", OPT_INT, FIELD(n_ctx), 1, 1 << 24, "N", "trained context length (default 4096)"},
     {"--n-vocab", OPT_INT, FIELD(n_vocab), 1, 1 << 24, "N",
      "vocabulary size when there is no --vocab (default 256, no tokenizer keys)"},
@@ -91,8 +120,8 @@ static const option options[] = {
 
 static void print_help(FILE *f) {
     fprintf(f, "usage: " PROG " [options] -o OUT\n"
-               "Writes a tiny random-weight qwen3moe or qwen2moe GGUF laid out as "
-               "convert_hf_to_gguf.py writes Qwen3-MoE or Qwen2-MoE.\n\n");
+               "Writes a tiny random-weight qwen3moe, qwen2moe or deepseek2 GGUF laid out as "
+               "convert_hf_to_gguf.py writes Qwen3-MoE, Qwen2-MoE or DeepSeek-V2.\n\n");
     for (size_t i = 0; i < N_OPTIONS; i++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s", options[i].name, options[i].arg ? " " : "",
@@ -187,8 +216,41 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
         }
         return 0;
     }
-    if (strcmp(c->arch, "qwen3moe") != 0 && strcmp(c->arch, "qwen2moe") != 0) {
-        fprintf(stderr, PROG ": --arch '%s' is not one of qwen3moe, qwen2moe\n", c->arch);
+    const bool ds2 = strcmp(c->arch, "deepseek2") == 0;
+    if (strcmp(c->arch, "qwen3moe") != 0 && strcmp(c->arch, "qwen2moe") != 0 && !ds2) {
+        fprintf(stderr, PROG ": --arch '%s' is not one of qwen3moe, qwen2moe, deepseek2\n",
+                c->arch);
+        return 1;
+    }
+    static const char *const ds2_only[] = {"--q-lora",         "--kv-lora",     "--rope-dim",
+                                           "--v-head-dim",     "--dense-lead",  "--dense-ffn",
+                                           "--shared-experts", "--yarn-factor", "--yarn-orig-ctx",
+                                           "--expert-norm",    "--groups",      "--groups-used"};
+    for (size_t i = 0; !ds2 && i < sizeof ds2_only / sizeof ds2_only[0]; i++)
+        if (was_seen(seen, ds2_only[i])) {
+            fprintf(stderr, PROG ": %s needs --arch deepseek2\n", ds2_only[i]);
+            return 1;
+        }
+    if (ds2 && (c->rope_dim % 2 != 0 || c->rope_dim >= c->head_dim)) {
+        fprintf(stderr, PROG ": --rope-dim %lld must be even and below --head-dim %lld\n",
+                (long long)c->rope_dim, (long long)c->head_dim);
+        return 1;
+    }
+    if (ds2 && c->dense_lead >= c->n_layer) {
+        fprintf(stderr, PROG ": --dense-lead %lld leaves no MoE layer of --layers %lld\n",
+                (long long)c->dense_lead, (long long)c->n_layer);
+        return 1;
+    }
+    if (ds2 && was_seen(seen, "--groups-used") && !was_seen(seen, "--groups")) {
+        fprintf(stderr, PROG ": --groups-used needs --groups\n");
+        return 1;
+    }
+    if (ds2 && (c->n_expert % c->n_group != 0 || c->n_group_used > c->n_group ||
+                c->n_group_used * (c->n_expert / c->n_group) < c->n_expert_used)) {
+        fprintf(stderr,
+                PROG ": --groups %lld must divide --experts %lld, and --groups-used %lld "
+                     "groups must hold --experts-used experts\n",
+                (long long)c->n_group, (long long)c->n_expert, (long long)c->n_group_used);
         return 1;
     }
     if (strcmp(c->arch, "qwen2moe") != 0 && was_seen(seen, "--shared-ffn")) {
@@ -382,68 +444,121 @@ static nm_status add_weight(gen *g, const char *name, uint32_t type, init_kind k
     return st;
 }
 
+typedef struct part {
+    const char *suffix; /* name without "blk.N." */
+    uint32_t type;
+    init_kind kind;
+    uint32_t n_dims;
+    int64_t ne0, ne1, ne2;
+    bool on; /* written at all */
+} part;
+
+static nm_status add_parts(gen *g, int l, const part *parts, size_t n_parts) {
+    nm_status st = NM_OK;
+    for (size_t i = 0; i < n_parts && st == NM_OK; i++) {
+        if (!parts[i].on) continue;
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s", l, parts[i].suffix);
+        st = add_weight(g, name, parts[i].type, parts[i].kind, l, parts[i].n_dims, parts[i].ne0,
+                        parts[i].ne1, parts[i].ne2);
+    }
+    return st;
+}
+
+/* DeepSeek-V2's blocks after token_embd, then the output: latent attention
+ * (wq, or q_a / q_a_norm / q_b with --q-lora), kv_a_mqa giving the latent
+ * and k_pe, its norm, kv_b, the output; a dense layer's FFN or the router,
+ * the routed experts and the shared ones (one stack --shared-experts x
+ * --ffn wide, no gate). */
+static nm_status add_deepseek2_layers(gen *g, nm_status st) {
+    const config *c = g->c;
+    const int64_t d = c->d_model, H = c->n_head, qk = c->head_dim, nope = c->head_dim - c->rope_dim;
+    const int64_t E = c->n_expert, ff = c->n_ff, sff = c->n_shared * c->n_ff;
+    const uint32_t t = g->type, f32 = NM_DTYPE_F32;
+    for (int l = 0; l < c->n_layer && st == NM_OK; l++) {
+        const bool dense = l<c->dense_lead, ql = c->q_lora> 0;
+        const part parts[] = {
+            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"attn_q.weight", t, INIT_MATRIX, 2, d, H * qk, 1, !ql},
+            {"attn_q_a.weight", t, INIT_MATRIX, 2, d, c->q_lora, 1, ql},
+            {"attn_q_a_norm.weight", f32, INIT_NORM, 1, c->q_lora, 1, 1, ql},
+            {"attn_q_b.weight", t, INIT_MATRIX, 2, c->q_lora, H * qk, 1, ql},
+            {"attn_kv_a_mqa.weight", t, INIT_MATRIX, 2, d, c->kv_lora + c->rope_dim, 1, true},
+            {"attn_kv_a_norm.weight", f32, INIT_NORM, 1, c->kv_lora, 1, 1, true},
+            {"attn_kv_b.weight", t, INIT_MATRIX, 2, c->kv_lora, H * (nope + c->v_head_dim), 1,
+             true},
+            {"attn_output.weight", t, INIT_MATRIX, 2, H * c->v_head_dim, d, 1, true},
+            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"ffn_gate.weight", t, INIT_MATRIX, 2, d, c->dense_ffn, 1, dense},
+            {"ffn_up.weight", t, INIT_MATRIX, 2, d, c->dense_ffn, 1, dense},
+            {"ffn_down.weight", t, INIT_MATRIX, 2, c->dense_ffn, d, 1, dense},
+            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1, !dense},
+            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E, !dense},
+            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E, !dense},
+            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E, !dense},
+            {"ffn_gate_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1, !dense && sff > 0},
+            {"ffn_up_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1, !dense && sff > 0},
+            {"ffn_down_shexp.weight", t, INIT_MATRIX, 2, sff, d, 1, !dense && sff > 0},
+        };
+        st = add_parts(g, l, parts, sizeof parts / sizeof parts[0]);
+    }
+    if (st == NM_OK) st = add_weight(g, "output_norm.weight", f32, INIT_NORM, 0, 1, d, 1, 1);
+    if (st == NM_OK && !c->tied)
+        st = add_weight(g, "output.weight", g->embd_type, INIT_OUTPUT, 0, 2, d, g->n_vocab, 1);
+    return st;
+}
+
 static nm_status add_tensors(gen *g) {
     const config *c = g->c;
     int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
     int64_t E = c->n_expert, ff = c->n_ff, sff = c->n_ff_shexp;
     uint32_t t = g->type, f32 = NM_DTYPE_F32;
-    const bool qwen2 = strcmp(c->arch, "qwen2moe") == 0;
+    const bool qwen2 = strcmp(c->arch, "qwen2moe") == 0, ds2 = strcmp(c->arch, "deepseek2") == 0;
     nm_status st =
         add_weight(g, "token_embd.weight", g->embd_type, INIT_EMBEDDING, 0, 2, d, g->n_vocab, 1);
+    if (ds2) return add_deepseek2_layers(g, st);
     /* The converter's order within a block. */
     for (int l = 0; l < c->n_layer && st == NM_OK; l++) {
-        typedef struct part {
-            const char *suffix; /* name without "blk.N." */
-            uint32_t type;
-            init_kind kind;
-            uint32_t n_dims;
-            int64_t ne0, ne1, ne2;
-        } part;
         const part qwen3_parts[] = {
-            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
-            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1},
-            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1},
-            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1},
-            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1},
-            {"attn_q_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1},
-            {"attn_k_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1},
-            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
-            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1, true},
+            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1, true},
+            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1, true},
+            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1, true},
+            {"attn_q_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1, true},
+            {"attn_k_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1, true},
+            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1, true},
+            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E, true},
+            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
         };
         /* Qwen2-MoE: q/k/v biases, no q/k norms, the shared expert and its
          * one-row gate (HF's shared_expert_gate, [1][d], F32 as the converter
          * keeps it) */
         const part qwen2_parts[] = {
-            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
-            {"attn_q.bias", f32, INIT_BIAS, 1, q, 1, 1},
-            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1},
-            {"attn_k.bias", f32, INIT_BIAS, 1, kv, 1, 1},
-            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1},
-            {"attn_v.bias", f32, INIT_BIAS, 1, kv, 1, 1},
-            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1},
-            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1},
-            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
-            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
-            {"ffn_gate_inp_shexp.weight", f32, INIT_MATRIX, 2, d, 1, 1},
-            {"ffn_gate_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1},
-            {"ffn_up_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1},
-            {"ffn_down_shexp.weight", t, INIT_MATRIX, 2, sff, d, 1},
+            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"attn_q.bias", f32, INIT_BIAS, 1, q, 1, 1, true},
+            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1, true},
+            {"attn_k.bias", f32, INIT_BIAS, 1, kv, 1, 1, true},
+            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1, true},
+            {"attn_v.bias", f32, INIT_BIAS, 1, kv, 1, 1, true},
+            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1, true},
+            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1, true},
+            {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1, true},
+            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E, true},
+            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_gate_inp_shexp.weight", f32, INIT_MATRIX, 2, d, 1, 1, true},
+            {"ffn_gate_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1, true},
+            {"ffn_up_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1, true},
+            {"ffn_down_shexp.weight", t, INIT_MATRIX, 2, sff, d, 1, true},
         };
         const part *parts = qwen2 ? qwen2_parts : qwen3_parts;
         const size_t n_parts = qwen2 ? sizeof qwen2_parts / sizeof qwen2_parts[0]
                                      : sizeof qwen3_parts / sizeof qwen3_parts[0];
-        for (size_t i = 0; i < n_parts && st == NM_OK; i++) {
-            char name[96];
-            snprintf(name, sizeof name, "blk.%d.%s", l, parts[i].suffix);
-            st = add_weight(g, name, parts[i].type, parts[i].kind, l, parts[i].n_dims, parts[i].ne0,
-                            parts[i].ne1, parts[i].ne2);
-        }
+        st = add_parts(g, l, parts, n_parts);
     }
     if (st == NM_OK) st = add_weight(g, "output_norm.weight", f32, INIT_NORM, 0, 1, d, 1, 1);
     if (st == NM_OK && !c->tied) {
@@ -482,9 +597,65 @@ static nm_gguf_value str_value(const char *v) {
     return (nm_gguf_value){.type = NM_GGUF_STRING, .v.str = {v, strlen(v)}};
 }
 
+static nm_gguf_value bool_value(bool v) { return (nm_gguf_value){.type = NM_GGUF_BOOL, .v.b = v}; }
+
+/* DeepSeek-V2's keys in the order convert_hf_to_gguf.py (Feb 2025) writes
+ * them; head_count_kv = head_count as its config has it; the group keys,
+ * which that converter does not write, carry the name later llama.cpp
+ * gives them. feed_forward_length is the dense layers' width. */
+static nm_status set_deepseek2_hparams(gen *g, const char *name) {
+    const config *c = g->c;
+    int64_t file_type = g->type == NM_DTYPE_F32 ? 0 : g->type == NM_DTYPE_F16 ? 1 : 32;
+    const struct {
+        const char *key;
+        nm_gguf_value value;
+        bool on;
+    } kvs[] = {
+        {"general.architecture", str_value("deepseek2"), true},
+        {"general.type", str_value("model"), true},
+        {"general.name", str_value(name), true},
+        {"deepseek2.block_count", u32_value(c->n_layer), true},
+        {"deepseek2.context_length", u32_value(c->n_ctx), true},
+        {"deepseek2.embedding_length", u32_value(c->d_model), true},
+        {"deepseek2.feed_forward_length", u32_value(c->dense_ffn), true},
+        {"deepseek2.attention.head_count", u32_value(c->n_head), true},
+        {"deepseek2.attention.head_count_kv", u32_value(c->n_head), true},
+        {"deepseek2.rope.freq_base", f32_value(10000.0f), true},
+        {"deepseek2.attention.layer_norm_rms_epsilon", f32_value(1e-6f), true},
+        {"general.file_type", u32_value(file_type), true},
+        {"deepseek2.leading_dense_block_count", u32_value(c->dense_lead), true},
+        {"deepseek2.vocab_size", u32_value(g->n_vocab), true},
+        {"deepseek2.attention.q_lora_rank", u32_value(c->q_lora), c->q_lora > 0},
+        {"deepseek2.attention.kv_lora_rank", u32_value(c->kv_lora), true},
+        {"deepseek2.attention.key_length", u32_value(c->head_dim), true},
+        {"deepseek2.attention.value_length", u32_value(c->v_head_dim), true},
+        {"deepseek2.expert_feed_forward_length", u32_value(c->n_ff), true},
+        {"deepseek2.expert_count", u32_value(c->n_expert), true},
+        {"deepseek2.expert_shared_count", u32_value(c->n_shared), true},
+        {"deepseek2.expert_weights_scale", f32_value(1.5f), true},
+        {"deepseek2.expert_weights_norm", bool_value(c->expert_norm != 0), true},
+        {"deepseek2.expert_gating_func", u32_value(1), true},
+        {"deepseek2.expert_used_count", u32_value(c->n_expert_used), true},
+        {"deepseek2.expert_group_count", u32_value(c->n_group), c->n_group > 1},
+        {"deepseek2.expert_group_used_count", u32_value(c->n_group_used), c->n_group > 1},
+        {"deepseek2.rope.dimension_count", u32_value(c->rope_dim), true},
+        {"deepseek2.rope.scaling.type", str_value("yarn"), c->yarn_factor > 0},
+        {"deepseek2.rope.scaling.factor", f32_value((float)c->yarn_factor), c->yarn_factor > 0},
+        {"deepseek2.rope.scaling.original_context_length", u32_value(c->yarn_orig_ctx),
+         c->yarn_factor > 0},
+        {"deepseek2.rope.scaling.yarn_log_multiplier", f32_value(0.0707f), c->yarn_factor > 0},
+        {"general.quantization_version", u32_value(2), true},
+    };
+    nm_status st = NM_OK;
+    for (size_t i = 0; i < sizeof kvs / sizeof kvs[0] && st == NM_OK; i++)
+        if (kvs[i].on) st = nm_gguf_writer_set_value(g->w, kvs[i].key, &kvs[i].value);
+    return st;
+}
+
 static nm_status set_hparams(gen *g, const char *name) {
     const config *c = g->c;
     const char *arch = c->arch;
+    if (strcmp(arch, "deepseek2") == 0) return set_deepseek2_hparams(g, name);
     const bool qwen2 = strcmp(arch, "qwen2moe") == 0;
     int64_t file_type = g->type == NM_DTYPE_F32 ? 0 : g->type == NM_DTYPE_F16 ? 1 : 32;
     char keys[18][96];
@@ -529,6 +700,16 @@ static nm_status set_hparams(gen *g, const char *name) {
 
 static int64_t param_count(const config *c, int64_t n_vocab) {
     int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
+    if (strcmp(c->arch, "deepseek2") == 0) {
+        const int64_t nope = c->head_dim - c->rope_dim;
+        const int64_t attn =
+            2 * d + (c->q_lora > 0 ? d * c->q_lora + c->q_lora + c->q_lora * q : d * q) +
+            d * (c->kv_lora + c->rope_dim) + c->kv_lora +
+            c->kv_lora * c->n_head * (nope + c->v_head_dim) + c->n_head * c->v_head_dim * d;
+        const int64_t moe = d * c->n_expert + 3 * d * c->n_ff * (c->n_expert + c->n_shared);
+        return n_vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * attn +
+               c->dense_lead * 3 * d * c->dense_ffn + (c->n_layer - c->dense_lead) * moe;
+    }
     int64_t per_layer = 2 * d + d * q + 2 * d * kv + q * d + 2 * c->head_dim + d * c->n_expert +
                         3 * d * c->n_ff * c->n_expert;
     if (strcmp(c->arch, "qwen2moe") == 0) /* biases, shared expert and its gate */
@@ -639,6 +820,17 @@ int main(int argc, char **argv) {
         .n_expert_used = 4,
         .n_ff = 32,
         .n_ff_shexp = 64,
+        .q_lora = 0,
+        .kv_lora = 16,
+        .rope_dim = 8,
+        .v_head_dim = 16,
+        .dense_lead = 1,
+        .dense_ffn = 64,
+        .n_shared = 2,
+        .yarn_factor = 40,
+        .yarn_orig_ctx = 64,
+        .n_group = 1,
+        .n_group_used = 1,
         .arch = "qwen3moe",
         .n_ctx = 4096,
         .n_vocab = 256,

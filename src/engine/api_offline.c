@@ -119,8 +119,9 @@ nm_status nm_profile_measure(const nm_model *model, nm_device *device,
     if (st == NM_OK)
         st = nm_model_time_host_step(model, pool, chunk, 4 * reps, &step_ms, loads, err);
     if (st == NM_OK)
-        st = nm_device_profile(device, &model->layers[0].experts, hp->n_embd, hp->n_ff_exp, experts,
-                               n_e, caps, n_c, reps, pool, p.progress, p.progress_ctx, out, err);
+        st = nm_device_profile(device, nm_model_moe_experts(model, 0), hp->n_embd, hp->n_ff_exp,
+                               experts, n_e, caps, n_c, reps, pool, p.progress, p.progress_ctx, out,
+                               err);
     if (st == NM_OK) nm_profile_set_overhead(out, chunk, step_ms, loads, hp->n_expert);
     nm_free(loads);
     nm_pool_free(pool);

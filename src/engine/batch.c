@@ -23,7 +23,7 @@ struct nm_batch {
     int32_t *ids; /* [max_rows][k] experts chosen */
     int32_t *pos; /* [max_rows] each row's position */
     nm_kv_view *kvs;
-    const nm_expert_weights **experts; /* [n_layer] */
+    const nm_expert_weights **experts; /* [n_moe_layers] */
     nm_moe_exec *moe;
 };
 
@@ -55,8 +55,8 @@ nm_status nm_batch_new(const nm_model *model, int32_t max_sessions, int32_t n_ct
     b->n_ctx = n_ctx;
     nm_status st = nm_pool_new(n_threads, &b->pool, err);
     const size_t rows = (size_t)max_sessions, d = (size_t)hp->n_embd;
-    const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
-    const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim, k = (size_t)hp->n_expert_used;
+    const size_t q_dim = (size_t)nm_model_q_width(hp);
+    const size_t kv_dim = (size_t)nm_model_kv_k_dim(hp), k = (size_t)hp->n_expert_used;
     bool ok = true;
     b->x = zeroed(rows * d, sizeof(float), &ok);
     b->xn = zeroed(rows * d, sizeof(float), &ok);
@@ -68,20 +68,20 @@ nm_status nm_batch_new(const nm_model *model, int32_t max_sessions, int32_t n_ct
     b->router = zeroed(rows * (size_t)hp->n_expert, sizeof(float), &ok);
     b->weights = zeroed(rows * k, sizeof(float), &ok);
     b->probs = zeroed((size_t)hp->n_expert, sizeof(float), &ok);
-    if (hp->n_ff_shexp > 0) /* nm_model_batch.shexp */
+    if (nm_model_shexp_scratch(hp) > 0) /* nm_model_batch.shexp */
         b->shexp = zeroed(rows * (size_t)nm_model_shexp_scratch(hp), sizeof(float), &ok);
     b->ids = zeroed(rows * k, sizeof(int32_t), &ok);
     b->pos = zeroed(rows, sizeof(int32_t), &ok);
     b->kvs = zeroed(rows, sizeof(nm_kv_view), &ok);
-    b->experts = zeroed((size_t)hp->n_layer, sizeof *b->experts, &ok);
+    b->experts = zeroed((size_t)nm_model_n_moe_layers(hp), sizeof *b->experts, &ok);
     if (st == NM_OK && !ok)
         st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a batch of %d sessions", max_sessions);
     if (st == NM_OK) {
-        for (int32_t il = 0; il < hp->n_layer; il++)
-            b->experts[il] = &model->layers[il].experts;
+        for (int32_t l = 0; l < nm_model_n_moe_layers(hp); l++)
+            b->experts[l] = nm_model_moe_experts(model, l);
         const nm_moe_exec_params ep = {.mode = NM_MODE_DENSE,
                                        .chunk = max_sessions,
-                                       .n_layer = hp->n_layer,
+                                       .n_layer = nm_model_n_moe_layers(hp),
                                        .weights = b->experts,
                                        .k = hp->n_expert_used,
                                        .n_threads = n_threads};
@@ -185,7 +185,9 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
         /* without a tap the blocks never stop */
         nm_model_attention(m, il, &mb, &lend);
         nm_model_route(m, il, &mb);
-        nm_moe_exec_layer(b->moe, b->pool, il, b->x, b->xn, n, b->ids, b->weights, b->proj);
+        if (nm_model_layer_is_moe(&m->hp, il))
+            nm_moe_exec_layer(b->moe, b->pool, nm_model_moe_index(&m->hp, il), b->x, b->xn, n,
+                              b->ids, b->weights, b->proj);
         nm_model_ffn_residual(m, il, &mb);
     }
     if (logits) nm_model_output(m, &mb, 0, logits);

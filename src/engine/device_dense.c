@@ -90,7 +90,11 @@ nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_ex
     for (int32_t il = 0; il < hp->n_layer; il++) {
         /* a layer none of whose experts the mode (or the plan's residency)
          * puts on the device keeps its dense part on the host too */
-        if (!nm_moe_exec_uses_device(ex, il)) continue;
+        /* nor do a layer without experts and latent attention, which the
+         * dense graph does not have */
+        if (!nm_model_layer_is_moe(hp, il) || hp->n_lora_kv > 0 ||
+            !nm_moe_exec_uses_device(ex, nm_model_moe_index(hp, il)))
+            continue;
         const nm_dense_spec spec = nm_engine_dense_spec(m, il, rows, n_pos, kv_type, rope_factors);
         nm_error why = {0};
         /* a form the device does not implement: the host keeps the layer */

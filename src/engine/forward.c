@@ -17,13 +17,13 @@ struct nm_engine_state {
     nm_pool *pool;
     size_t n_bytes;
     nm_kv_type kv_type;
-    void *k_cache;                     /* [n_layer][n_kv][n_head_kv * head_dim] of kv_type */
-    void *v_cache;                     /* [n_layer][n_kv][n_head_kv * head_dim] of kv_type */
-    float *kv_stage;                   /* [2][n_batch][n_head_kv * head_dim] F16 cache: new K, V */
+    void *k_cache;                     /* [n_layer][n_kv][nm_model_kv_k_dim] of kv_type */
+    void *v_cache;                     /* [n_layer][n_kv][nm_model_kv_v_dim]; NULL: none (MLA) */
+    float *kv_stage;                   /* [2][n_batch][nm_model_kv_k_dim] F16 cache: new K, V */
     float *x;                          /* [n_batch][n_embd] residual stream       */
     float *xn;                         /* [n_batch][n_embd] normed input of a block */
-    float *q;                          /* [n_batch][n_head * head_dim]            */
-    float *att;                        /* [n_batch][n_head * head_dim]            */
+    float *q;                          /* [n_batch][nm_model_q_width]             */
+    float *att;                        /* [n_batch][nm_model_q_width]             */
     float *proj;                       /* [n_batch][n_embd] block output          */
     float *scores;                     /* [n_threads][n_kv] attention scratch     */
     float *router;                     /* [n_batch][n_expert] router logits       */
@@ -31,7 +31,7 @@ struct nm_engine_state {
     float *shexp;                      /* [n_batch][..] shared expert, or NULL    */
     int32_t *ids;                      /* [n_batch][k] chosen experts             */
     float *weights;                    /* [n_batch][k] their weights              */
-    const nm_expert_weights **experts; /* [n_layer] the layers' expert stacks */
+    const nm_expert_weights **experts; /* [n_moe_layers] the MoE layers' expert stacks */
     nm_moe_exec *dense;                /* host MoE: decode, and every batch in dense mode */
     nm_moe_exec *prefill;              /* the static mode's executor, NULL in dense mode  */
     /* The static mode's dense graphs on its device (NULL in dense mode), and
@@ -87,15 +87,15 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
         nm_free(st);
         return s;
     }
-    const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    const size_t q_dim = (size_t)hp->n_head * hp->head_dim;
+    const size_t kv_dim = (size_t)nm_model_kv_k_dim(hp), v_dim = (size_t)nm_model_kv_v_dim(hp);
+    const size_t q_dim = (size_t)nm_model_q_width(hp);
     const size_t nb = (size_t)n_batch, d = (size_t)hp->n_embd, k = (size_t)hp->n_expert_used;
     bool ok = true;
     const size_t n_cache = (size_t)hp->n_layer * (size_t)st->n_kv * kv_dim;
     const bool f16 = p->kv_type == NM_KV_F16;
     const size_t elem = f16 ? sizeof(uint16_t) : sizeof(float);
     st->k_cache = alloc_bytes(st, n_cache, elem, &ok);
-    st->v_cache = alloc_bytes(st, n_cache, elem, &ok);
+    if (v_dim > 0) st->v_cache = alloc_bytes(st, (size_t)hp->n_layer * st->n_kv * v_dim, elem, &ok);
     if (f16) st->kv_stage = alloc_floats(st, 2 * nb * kv_dim, &ok);
     st->x = alloc_floats(st, nb * d, &ok);
     st->xn = alloc_floats(st, nb * d, &ok);
@@ -106,26 +106,28 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
     st->router = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
     st->probs = alloc_floats(st, (size_t)hp->n_expert, &ok);
     st->weights = alloc_floats(st, nb * k, &ok);
-    if (hp->n_ff_shexp > 0) /* nm_model_batch.shexp */
+    if (nm_model_shexp_scratch(hp) > 0) /* nm_model_batch.shexp */
         st->shexp = alloc_floats(st, nb * (size_t)nm_model_shexp_scratch(hp), &ok);
     st->ids = nm_calloc(nb * k, sizeof(int32_t));
-    st->experts = nm_calloc((size_t)hp->n_layer, sizeof *st->experts);
+    const int32_t n_moe = nm_model_n_moe_layers(hp);
+    st->experts = nm_calloc((size_t)n_moe, sizeof *st->experts);
     if (!st->ids || !st->experts) ok = false;
     if (!ok) {
         nm_engine_state_free(st);
-        return nm_errorf(err, NM_ERR_NOMEM,
-                         "out of memory for a session of %d positions (KV cache %.1f MiB in %s)",
-                         n_ctx, 2.0 * hp->n_layer * n_ctx * kv_dim * (f16 ? 2.0 : 4.0) / 1048576.0,
-                         f16 ? "f16" : "f32");
+        return nm_errorf(
+            err, NM_ERR_NOMEM,
+            "out of memory for a session of %d positions (KV cache %.1f MiB in %s)", n_ctx,
+            (double)hp->n_layer * n_ctx * (kv_dim + v_dim) * (f16 ? 2.0 : 4.0) / 1048576.0,
+            f16 ? "f16" : "f32");
     }
-    for (int il = 0; il < hp->n_layer; il++)
-        st->experts[il] = &m->layers[il].experts;
+    for (int32_t l = 0; l < n_moe; l++)
+        st->experts[l] = nm_model_moe_experts(m, l);
     /* llama.cpp and LongRoPE both take the long factors past the original
      * context; a session decides once by its size, as llama.cpp does. */
     st->rope_factors = n_ctx > hp->n_ctx_orig ? m->rope_factors_long : m->rope_factors_short;
     nm_moe_exec_params ep = {.mode = NM_MODE_DENSE,
                              .chunk = n_batch,
-                             .n_layer = hp->n_layer,
+                             .n_layer = n_moe,
                              .weights = st->experts,
                              .k = hp->n_expert_used,
                              .n_threads = n_threads};
@@ -199,12 +201,13 @@ static bool engine_tap(void *ctx, int32_t layer, const char *name, const float *
 const float *nm_engine_state_rope_factors(const nm_engine_state *st) { return st->rope_factors; }
 
 nm_kv_view nm_engine_state_kv(const nm_model *m, const nm_engine_state *st, int32_t il) {
-    const size_t kv_dim = (size_t)m->hp.n_head_kv * m->hp.head_dim;
-    const size_t off = (size_t)il * (size_t)st->n_kv * kv_dim;
+    const size_t k_dim = (size_t)nm_model_kv_k_dim(&m->hp),
+                 v_dim = (size_t)nm_model_kv_v_dim(&m->hp);
+    const size_t pos = (size_t)il * (size_t)st->n_kv;
     const size_t elem = st->kv_type == NM_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     return (nm_kv_view){.type = st->kv_type,
-                        .k = (char *)st->k_cache + off * elem,
-                        .v = (char *)st->v_cache + off * elem,
+                        .k = (char *)st->k_cache + pos * k_dim * elem,
+                        .v = st->v_cache ? (char *)st->v_cache + pos * v_dim * elem : NULL,
                         .stage = st->kv_stage};
 }
 
@@ -295,7 +298,9 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
             const nm_kv_view kv = nm_engine_state_kv(m, st, il);
             if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
         }
-        nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
+        if (nm_model_layer_is_moe(hp, il)) /* a dense layer's FFN is in the residual */
+            nm_moe_exec_layer(ex, st->pool, nm_model_moe_index(hp, il), st->x, st->xn, n, st->ids,
+                              st->weights, st->proj);
         nm_model_ffn_residual(m, il, &b);
     }
     /* a device that failed (lost) under the chunk's graphs: the chunk's

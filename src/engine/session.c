@@ -88,7 +88,7 @@ void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
     nm_moe_exec *ex = nm_engine_state_prefill_exec(session->state);
     out->mode = ex ? session->mode : NM_MODE_DENSE;
     if (!ex) ex = nm_engine_state_dense_exec(session->state);
-    out->n_layer = session->model->hp.n_layer;
+    out->n_layer = nm_model_n_moe_layers(&session->model->hp); /* the executor's layers */
     out->layers = nm_moe_exec_metrics(ex);
     for (int32_t l = 0; l < out->n_layer; l++) {
         const nm_moe_layer_metrics *m = &out->layers[l];

@@ -15,8 +15,60 @@ void nm_model_norm(const nm_hparams *hp, const float *x, const float *w, const f
     nm_norm_bias_forward(hp->norm != NM_NORM_RMS, x, w, b, y, n, hp->rms_eps);
 }
 
+/* ggml's correction dim: the pair index whose wavelength makes n_rot_turns
+ * turns over the original context. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot_turns, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot_turns * 2.0f * (float)M_PI)) /
+           (2.0f * logf(base));
+}
+
+/* RoPE with YaRN as ggml's rope_ext computes it (float throughout): pair i
+ * at element 2i (NORM) or i (NEOX) turns by a blend of pos * base^(-2i/n)
+ * (extrapolated) and freq_scale times it (interpolated), the blend a ramp
+ * over the correction dims times ext_factor; cos and sin are scaled by
+ * rope_attn_factor times, when ext_factor is not 0, 1 + 0.1 ln(1 /
+ * freq_scale). */
+static void rope_yarn(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,
+                      int32_t pos) {
+    const int n_dims = hp->n_rot, half = n_dims / 2;
+    const float fs = hp->rope_freq_scale, ext = hp->rope_ext_factor;
+    const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)n_dims);
+    const float lo = floorf(
+                    yarn_corr_dim(n_dims, hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_freq_base)),
+                hi = ceilf(
+                    yarn_corr_dim(n_dims, hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_freq_base));
+    const float corr0 = fmaxf(0.0f, lo), corr1 = fminf((float)(n_dims - 1), hi);
+    float theta_base = (float)pos;
+    for (int i = 0; i < half; i++) {
+        const float extrap = freq_factors ? theta_base / freq_factors[i] : theta_base;
+        const float interp = fs * extrap;
+        float theta = interp, mscale = hp->rope_attn_factor;
+        if (ext != 0.0f) {
+            const float y = ((float)i - corr0) / fmaxf(0.001f, corr1 - corr0);
+            const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext;
+            theta = interp * (1.0f - ramp) + extrap * ramp;
+            mscale *= 1.0f + 0.1f * logf(1.0f / fs);
+        }
+        const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+        const int a = hp->rope == NM_ROPE_NEOX ? i : 2 * i;
+        const int b = hp->rope == NM_ROPE_NEOX ? i + half : 2 * i + 1;
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + (size_t)h * hp->head_dim;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+        theta_base *= theta_scale;
+    }
+}
+
 void nm_model_rope(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,
                    int32_t pos) {
+    if (hp->rope_ext_factor != 0.0f ||
+        (hp->rope_freq_scale != 0.0f && hp->rope_freq_scale != 1.0f)) {
+        rope_yarn(hp, freq_factors, x, n_head, pos);
+        return;
+    }
     nm_rope_forward(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_freq_base,
                     hp->rope == NM_ROPE_NEOX, freq_factors, hp->rope_attn_factor);
 }
@@ -26,14 +78,12 @@ void nm_model_round_f16(float *x, int64_t n) {
         x[i] = nm_f16_to_f32(nm_f32_to_f16(x[i]));
 }
 
-/* Softmax over all n_expert logits, the k largest probabilities (ties to
- * the lower id) in descending order, renormalised to sum 1 when renorm. */
-static void softmax_topk(const nm_hparams *hp, const float *logits, bool renorm, int32_t *ids,
-                         float *weights, float *probs) {
+/* The k largest of probs [n_expert] (ties to the lower id) in descending
+ * order into ids and weights, renormalised to sum 1 when renorm. */
+static void topk(const nm_hparams *hp, const float *probs, bool renorm, int32_t *ids,
+                 float *weights) {
     const int32_t n_expert = hp->n_expert, k = hp->n_expert_used;
     NM_ASSERT(k >= 1 && k <= n_expert);
-    memcpy(probs, logits, (size_t)n_expert * sizeof(float));
-    nm_softmax_forward(probs, n_expert);
     for (int32_t s = 0; s < k; s++) {
         int32_t best = -1;
         for (int32_t e = 0; e < n_expert; e++) {
@@ -52,6 +102,14 @@ static void softmax_topk(const nm_hparams *hp, const float *logits, bool renorm,
         for (int32_t s = 0; s < k; s++)
             weights[s] /= sum;
     }
+}
+
+/* Softmax over all n_expert logits, then topk. */
+static void softmax_topk(const nm_hparams *hp, const float *logits, bool renorm, int32_t *ids,
+                         float *weights, float *probs) {
+    memcpy(probs, logits, (size_t)hp->n_expert * sizeof(float));
+    nm_softmax_forward(probs, hp->n_expert);
+    topk(hp, probs, renorm, ids, weights);
 }
 
 void nm_route_softmax_topk_renorm(const nm_hparams *hp, const float *logits, int32_t *ids,
@@ -95,4 +153,72 @@ void nm_route_sparsemixer(const nm_hparams *hp, const float *logits, int32_t *id
         ids[s] = best;
         weights[s] = (float)(1.0 / sum); /* probs[best] = exp(0) */
     }
+}
+
+/* DeepSeek-V2's group_limited_greedy: a group's score is its best
+ * probability; the experts of all but the n_group_used best groups (ties
+ * to the lower group) are out of the contest. probs[e] = -1 marks them. */
+static void limit_groups(const nm_hparams *hp, float *probs) {
+    const int32_t n_group = hp->n_group, per = hp->n_expert / n_group;
+    bool keep[256] = {false}; /* n_group <= 256, checked at load */
+    for (int32_t s = 0; s < hp->n_group_used; s++) {
+        int32_t best = -1;
+        float best_score = 0.0f;
+        for (int32_t g = 0; g < n_group; g++) {
+            if (keep[g]) continue;
+            float score = probs[g * per];
+            for (int32_t j = 1; j < per; j++)
+                score = fmaxf(score, probs[g * per + j]);
+            if (best < 0 || score > best_score) {
+                best = g;
+                best_score = score;
+            }
+        }
+        keep[best] = true;
+    }
+    for (int32_t e = 0; e < hp->n_expert; e++)
+        if (!keep[e / per]) probs[e] = -1.0f;
+}
+
+void nm_route_deepseek(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
+                       float *probs) {
+    memcpy(probs, logits, (size_t)hp->n_expert * sizeof(float));
+    nm_softmax_forward(probs, hp->n_expert);
+    if (hp->n_group > 1) limit_groups(hp, probs);
+    topk(hp, probs, hp->expert_weights_norm, ids, weights);
+    for (int32_t s = 0; s < hp->n_expert_used; s++)
+        weights[s] *= hp->expert_weights_scale;
+}
+
+/* ---- layer kinds and the cache's shape ---- */
+
+bool nm_model_layer_is_moe(const nm_hparams *hp, int32_t il) {
+    return il >= hp->n_layer_dense_lead;
+}
+
+int32_t nm_model_moe_index(const nm_hparams *hp, int32_t il) {
+    return nm_model_layer_is_moe(hp, il) ? il - hp->n_layer_dense_lead : -1;
+}
+
+int32_t nm_model_n_moe_layers(const nm_hparams *hp) { return hp->n_layer - hp->n_layer_dense_lead; }
+
+int64_t nm_model_kv_k_dim(const nm_hparams *hp) {
+    return hp->n_lora_kv > 0 ? (int64_t)hp->n_lora_kv + hp->n_rot
+                             : (int64_t)hp->n_head_kv * hp->head_dim;
+}
+
+int64_t nm_model_kv_v_dim(const nm_hparams *hp) {
+    return hp->n_lora_kv > 0 ? 0 : (int64_t)hp->n_head_kv * hp->head_dim;
+}
+
+int64_t nm_model_q_width(const nm_hparams *hp) {
+    if (hp->n_lora_kv == 0) return (int64_t)hp->n_head * hp->head_dim;
+    /* MLA (mla.c) keeps in these rows, one at a time: q_a's output
+     * [n_lora_q], q as projected [n_head][head_dim], q absorbed into the
+     * latent and the attention's output [n_head][n_lora_kv + n_rot], the
+     * heads' values [n_head][n_v_head] */
+    int64_t w = (int64_t)hp->n_head * (hp->n_lora_kv + hp->n_rot);
+    if (w < (int64_t)hp->n_head * hp->head_dim) w = (int64_t)hp->n_head * hp->head_dim;
+    if (w < (int64_t)hp->n_head * hp->n_v_head) w = (int64_t)hp->n_head * hp->n_v_head;
+    return w > hp->n_lora_q ? w : hp->n_lora_q;
 }

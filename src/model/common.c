@@ -47,7 +47,8 @@ nm_status nm_model_load_hparams(nm_model *m, nm_error *err) {
     if ((st = nm_model_hparam_i32(m, "attention.key_length", false, &hp->head_dim, err)) ||
         (st = nm_model_hparam_i32(m, "attention.value_length", false, &value_length, err)))
         return st;
-    if (value_length >= 0 && value_length != hp->head_dim)
+    hp->n_v_head = value_length >= 0 ? value_length : hp->head_dim;
+    if (value_length >= 0 && value_length != hp->head_dim && hp->n_lora_kv == 0)
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "attention.key_length %d differs from attention.value_length %d",
                          hp->head_dim, value_length);
@@ -116,12 +117,15 @@ static nm_status get_vec_as(const nm_model *m, nm_presence p, const char *name, 
 static nm_status load_shared_expert(const nm_model *m, const nm_weight_spec *spec, int il,
                                     nm_layer *l, nm_error *err) {
     const int64_t d = m->hp.n_embd, ff = m->hp.n_ff_shexp;
-    const bool optional = spec->shared_expert != NM_REQUIRED;
+    const bool optional = spec->shared_expert != NM_REQUIRED, gated = !m->hp.shexp_ungated;
     char name[96];
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, il), name)
     nm_status st;
-    if ((st = nm_model_get_mat(m, NAME("ffn_gate_inp_shexp.weight"), d, 1, optional,
-                               &l->shexp_gate_inp, err)) ||
+    if (!gated && nm_gguf_find_tensor(m->gguf, NAME("ffn_gate_inp_shexp.weight")))
+        return nm_errorf(err, NM_ERR_FORMAT, "tensor '%s': %s's shared experts have no gate", name,
+                         m->arch->name);
+    if ((gated && (st = nm_model_get_mat(m, NAME("ffn_gate_inp_shexp.weight"), d, 1, optional,
+                                         &l->shexp_gate_inp, err))) ||
         (st = nm_model_get_mat(m, NAME("ffn_gate_shexp.weight"), d, ff, optional, &l->shexp_gate,
                                err)) ||
         (st = nm_model_get_mat(m, NAME("ffn_up_shexp.weight"), d, ff, optional, &l->shexp_up,
@@ -131,11 +135,49 @@ static nm_status load_shared_expert(const nm_model *m, const nm_weight_spec *spe
         return st;
     const int have =
         !!l->shexp_gate_inp.data + !!l->shexp_gate.data + !!l->shexp_up.data + !!l->shexp_down.data;
-    if (have != 0 && have != 4)
+    if (have != 0 && have != 3 + gated)
         return nm_errorf(err, NM_ERR_FORMAT,
-                         "layer %d has %d of the 4 shared-expert tensors "
-                         "(ffn_{gate_inp,gate,up,down}_shexp.weight)",
-                         il, have);
+                         "layer %d has %d of the %d shared-expert tensors "
+                         "(ffn_{%sgate,up,down}_shexp.weight)",
+                         il, have, 3 + gated, gated ? "gate_inp," : "");
+#undef NAME
+    return NM_OK;
+}
+
+/* Multi-head latent attention's tensors (hp.n_lora_kv > 0), as llama.cpp's
+ * converter of Feb 2025 writes them: one attn_kv_b, not the split
+ * attn_k_b/attn_v_b of later converters. */
+static nm_status load_mla(const nm_model *m, int il, nm_layer *l, nm_error *err) {
+    const nm_hparams *hp = &m->hp;
+    const int64_t d = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim;
+    char name[96];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, il), name)
+    if (nm_gguf_find_tensor(m->gguf, NAME("attn_k_b.weight")))
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "tensor '%s': the split attn_k_b/attn_v_b form of later converters is "
+                         "not supported (npumoe reads attn_kv_b)",
+                         name);
+    nm_status st;
+    if (hp->n_lora_q > 0) {
+        if ((st = nm_model_get_mat(m, NAME("attn_q_a.weight"), d, hp->n_lora_q, false, &l->wq_a,
+                                   err)) ||
+            (st = nm_model_get_vec(m, NAME("attn_q_a_norm.weight"), hp->n_lora_q, &l->q_a_norm,
+                                   err)) ||
+            (st = nm_model_get_mat(m, NAME("attn_q_b.weight"), hp->n_lora_q, q_dim, false, &l->wq_b,
+                                   err)))
+            return st;
+    } else if ((st = nm_model_get_mat(m, NAME("attn_q.weight"), d, q_dim, false, &l->wq, err)))
+        return st;
+    if ((st = nm_model_get_mat(m, NAME("attn_kv_a_mqa.weight"), d, hp->n_lora_kv + hp->n_rot, false,
+                               &l->wkv_a, err)) ||
+        (st = nm_model_get_vec(m, NAME("attn_kv_a_norm.weight"), hp->n_lora_kv, &l->kv_a_norm,
+                               err)) ||
+        (st = nm_model_get_mat(m, NAME("attn_kv_b.weight"), hp->n_lora_kv,
+                               (int64_t)hp->n_head * (hp->n_nope + hp->n_v_head), false, &l->wkv_b,
+                               err)) ||
+        (st = nm_model_get_mat(m, NAME("attn_output.weight"), (int64_t)hp->n_head * hp->n_v_head, d,
+                               false, &l->wo, err)))
+        return st;
 #undef NAME
     return NM_OK;
 }
@@ -158,19 +200,37 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
                          "tensor '%s': experts stored one tensor each (an old Mixtral layout) "
                          "are not supported; reconvert with a current convert_hf_to_gguf.py",
                          name);
-    if ((st = nm_model_get_vec(m, NAME("attn_norm.weight"), d, &l->attn_norm, err)) ||
-        (st = get_vec_as(m, spec->norm_bias, NAME("attn_norm.bias"), d, &l->attn_norm_b, err)) ||
-        (st = nm_model_get_mat(m, NAME("attn_q.weight"), d, q_dim, false, &l->wq, err)) ||
-        (st = nm_model_get_mat(m, NAME("attn_k.weight"), d, kv_dim, false, &l->wk, err)) ||
-        (st = nm_model_get_mat(m, NAME("attn_v.weight"), d, kv_dim, false, &l->wv, err)) ||
-        (st = nm_model_get_mat(m, NAME("attn_output.weight"), q_dim, d, false, &l->wo, err)) ||
-        (st = get_vec_as(m, qkv_bias, NAME("attn_q.bias"), q_dim, &l->bq, err)) ||
-        (st = get_vec_as(m, qkv_bias, NAME("attn_k.bias"), kv_dim, &l->bk, err)) ||
-        (st = get_vec_as(m, qkv_bias, NAME("attn_v.bias"), kv_dim, &l->bv, err)) ||
-        (st = get_vec_as(m, spec->attn_bias, NAME("attn_output.bias"), d, &l->bo, err)) ||
-        (st = nm_model_get_vec(m, NAME("ffn_norm.weight"), d, &l->ffn_norm, err)) ||
-        (st = get_vec_as(m, spec->norm_bias, NAME("ffn_norm.bias"), d, &l->ffn_norm_b, err)) ||
-        (st = nm_model_get_mat(m, NAME("ffn_gate_inp.weight"), d, hp->n_expert, false, &l->router,
+    if (hp->n_lora_kv > 0) {
+        if ((st = nm_model_get_vec(m, NAME("attn_norm.weight"), d, &l->attn_norm, err)) ||
+            (st = load_mla(m, il, l, err)))
+            return st;
+    } else if ((st = nm_model_get_vec(m, NAME("attn_norm.weight"), d, &l->attn_norm, err)) ||
+               (st = get_vec_as(m, spec->norm_bias, NAME("attn_norm.bias"), d, &l->attn_norm_b,
+                                err)) ||
+               (st = nm_model_get_mat(m, NAME("attn_q.weight"), d, q_dim, false, &l->wq, err)) ||
+               (st = nm_model_get_mat(m, NAME("attn_k.weight"), d, kv_dim, false, &l->wk, err)) ||
+               (st = nm_model_get_mat(m, NAME("attn_v.weight"), d, kv_dim, false, &l->wv, err)) ||
+               (st = nm_model_get_mat(m, NAME("attn_output.weight"), q_dim, d, false, &l->wo,
+                                      err)) ||
+               (st = get_vec_as(m, qkv_bias, NAME("attn_q.bias"), q_dim, &l->bq, err)) ||
+               (st = get_vec_as(m, qkv_bias, NAME("attn_k.bias"), kv_dim, &l->bk, err)) ||
+               (st = get_vec_as(m, qkv_bias, NAME("attn_v.bias"), kv_dim, &l->bv, err)) ||
+               (st = get_vec_as(m, spec->attn_bias, NAME("attn_output.bias"), d, &l->bo, err)))
+        return st;
+    if ((st = nm_model_get_vec(m, NAME("ffn_norm.weight"), d, &l->ffn_norm, err)) ||
+        (st = get_vec_as(m, spec->norm_bias, NAME("ffn_norm.bias"), d, &l->ffn_norm_b, err)))
+        return st;
+    if (!nm_model_layer_is_moe(hp, il)) { /* a leading dense layer: its FFN, nothing else */
+        if ((st = nm_model_get_mat(m, NAME("ffn_gate.weight"), d, hp->n_ff, false, &l->ffn_gate,
+                                   err)) ||
+            (st =
+                 nm_model_get_mat(m, NAME("ffn_up.weight"), d, hp->n_ff, false, &l->ffn_up, err)) ||
+            (st = nm_model_get_mat(m, NAME("ffn_down.weight"), hp->n_ff, d, false, &l->ffn_down,
+                                   err)))
+            return st;
+        return NM_OK;
+    }
+    if ((st = nm_model_get_mat(m, NAME("ffn_gate_inp.weight"), d, hp->n_expert, false, &l->router,
                                err)))
         return st;
     if (hp->qk_norm != NM_QK_NORM_NONE) {

@@ -77,6 +77,7 @@ static void attention_task(void *p, int i, int thread) {
 
 bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
                         const nm_kv_view *kv) {
+    if (m->hp.n_lora_kv > 0) return nm_model_attention_mla(m, il, b, kv);
     const nm_hparams *hp = &m->hp;
     const nm_layer *l = &m->layers[il];
     const int32_t n = b->n_rows;
@@ -160,6 +161,7 @@ bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
     for (int32_t t = 0; t < n; t++)
         nm_model_norm(hp, b->x + t * d, l->ffn_norm, l->ffn_norm_b, b->xn + t * d, d);
     if (!tap(b, il, "ffn_norm", b->xn, d)) return false;
+    if (!nm_model_layer_is_moe(hp, il)) return true; /* no router: its FFN in the residual */
     matmul(b->pool, &l->router, b->xn, d, n, b->router, hp->n_expert);
     return nm_model_route_logits(m, il, b);
 }
@@ -178,27 +180,41 @@ bool nm_model_route_logits(const nm_model *m, int32_t il, const nm_model_batch *
 }
 
 int64_t nm_model_shexp_scratch(const nm_hparams *hp) {
-    return hp->n_ff_shexp > 0 ? 2 * (int64_t)hp->n_ff_shexp + hp->n_embd + 1 : 0;
+    int64_t ff = hp->n_ff_shexp;
+    if (hp->n_layer_dense_lead > 0 && hp->n_ff > ff) ff = hp->n_ff;
+    return ff > 0 ? 2 * ff + hp->n_embd + 1 : 0;
+}
+
+/* out[n][d] = down(silu(gate xn) * up xn) over the real rows, in the
+ * batch's shexp scratch ([n][ff] gate, [n][ff] up, then out). */
+static float *swiglu_ffn(const nm_model *m, const nm_mat *w_gate, const nm_mat *w_up,
+                         const nm_mat *w_down, const nm_model_batch *b) {
+    const int64_t d = m->hp.n_embd, ff = w_gate->n, n = b->n_real;
+    float *gate = b->shexp, *up = gate + n * ff, *out = up + n * ff;
+    matmul(b->pool, w_gate, b->xn, d, n, gate, ff);
+    matmul(b->pool, w_up, b->xn, d, n, up, ff);
+    nm_swiglu_forward(gate, up, gate, n * ff);
+    compat_round_input(m, w_down, gate, n * ff);
+    matmul(b->pool, w_down, gate, ff, n, out, d);
+    return out;
 }
 
 /* proj += sigmoid(gate_inp . xn) * down(silu(gate xn) * up xn) over the real
- * rows: the shared expert, in the order llama.cpp adds it (routed experts'
- * sum, then the shared output, then the residual). */
+ * rows (no sigmoid when the architecture's shared experts are ungated): the
+ * shared expert, in the order llama.cpp adds it (routed experts' sum, then
+ * the shared output, then the residual). */
 static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il,
                           const nm_model_batch *b) {
-    const int64_t d = m->hp.n_embd, ff = m->hp.n_ff_shexp, n = b->n_real;
-    /* [n][ff] gate, [n][ff] up, [n][d] out, [n] the gate's logit */
-    float *gate = b->shexp, *up = gate + n * ff, *out = up + n * ff, *g = out + n * d;
-    matmul(b->pool, &l->shexp_gate, b->xn, d, n, gate, ff);
-    matmul(b->pool, &l->shexp_up, b->xn, d, n, up, ff);
-    matmul(b->pool, &l->shexp_gate_inp, b->xn, d, n, g, 1);
-    nm_swiglu_forward(gate, up, gate, n * ff);
-    compat_round_input(m, &l->shexp_down, gate, n * ff);
-    matmul(b->pool, &l->shexp_down, gate, ff, n, out, d);
-    for (int64_t t = 0; t < n; t++) {
-        const float s = 1.0f / (1.0f + expf(-g[t]));
-        for (int64_t i = 0; i < d; i++)
-            out[t * d + i] *= s;
+    const int64_t d = m->hp.n_embd, n = b->n_real;
+    float *out = swiglu_ffn(m, &l->shexp_gate, &l->shexp_up, &l->shexp_down, b);
+    if (l->shexp_gate_inp.data) {
+        float *g = out + n * d; /* [n] the gate's logit */
+        matmul(b->pool, &l->shexp_gate_inp, b->xn, d, n, g, 1);
+        for (int64_t t = 0; t < n; t++) {
+            const float s = 1.0f / (1.0f + expf(-g[t]));
+            for (int64_t i = 0; i < d; i++)
+                out[t * d + i] *= s;
+        }
     }
     if (!tap(b, il, "ffn_shexp_out", out, d)) return false;
     for (int64_t i = 0; i < n * d; i++)
@@ -209,11 +225,23 @@ static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il,
 bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b) {
     const int64_t d = m->hp.n_embd;
     const nm_layer *l = &m->layers[il];
+    if (!nm_model_layer_is_moe(&m->hp, il)) {
+        const float *out = swiglu_ffn(m, &l->ffn_gate, &l->ffn_up, &l->ffn_down, b);
+        if (!tap(b, il, "ffn_out", out, d)) return false;
+        for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
+            b->x[i] += out[i];
+        return tap(b, il, "l_out", b->x, d);
+    }
     if (!tap(b, il, "ffn_moe_out", b->proj, d)) return false;
     if (l->shexp_gate.data && !shared_expert(m, l, il, b)) return false;
     for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
         b->x[i] += b->proj[i];
     return tap(b, il, "l_out", b->x, d);
+}
+
+const nm_expert_weights *nm_model_moe_experts(const nm_model *m, int32_t moe_layer) {
+    NM_ASSERT(moe_layer >= 0 && moe_layer < nm_model_n_moe_layers(&m->hp));
+    return &m->layers[moe_layer + m->hp.n_layer_dense_lead].experts;
 }
 
 /* ---- output head ---- */

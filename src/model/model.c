@@ -10,8 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe, &nm_arch_llama,
-                                            &nm_arch_phimoe, &nm_arch_qwen2moe};
+static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe,
+                                            &nm_arch_llama,    &nm_arch_phimoe,
+                                            &nm_arch_qwen2moe, &nm_arch_deepseek2};
 
 nm_model_params nm_model_default_params(void) {
     nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE, .no_repack = false};
@@ -148,7 +149,8 @@ static void release_pages(void *ctx, const void *data, size_t n_bytes) {
  * which copy those they want in a layout of their own; not token_embd,
  * which is also read by rows (an output tied to it stays as it is). */
 static nm_status prepare_weights(nm_model *m, nm_error *err) {
-    enum { PER_LAYER = 12 };
+    /* not wkv_b (MLA): mla.c reads its rows as the file lays them out */
+    enum { PER_LAYER = 18 };
     const size_t cap = (size_t)m->hp.n_layer * PER_LAYER + 1;
     nm_prepare_item *items = nm_malloc(cap * sizeof *items);
     if (!items) return nm_errorf(err, NM_ERR_NOMEM, "out of memory listing the weights");
@@ -169,9 +171,16 @@ static nm_status prepare_weights(nm_model *m, nm_error *err) {
             {&l->shexp_gate, 0, 1},
             {&l->shexp_up, 0, 1},
             {&l->shexp_down, 0, 1},
+            {&l->wq_a, 0, 1},
+            {&l->wq_b, 0, 1},
+            {&l->wkv_a, 0, 1},
+            {&l->ffn_gate, 0, 1},
+            {&l->ffn_up, 0, 1},
+            {&l->ffn_down, 0, 1},
         };
         for (int i = 0; i < PER_LAYER; i++)
-            if (layer[i].mat->data) items[n++] = layer[i]; /* absent optional ones: no */
+            if (layer[i].mat->data && layer[i].mat->n > 0) /* absent ones: no */
+                items[n++] = layer[i];
     }
     if (!m->tied_output) items[n++] = (nm_prepare_item){&m->output, 0, 1};
     nm_status st = nm_kernels_prepare(items, n, release_pages, m->gguf, &m->prepared, err);
@@ -200,7 +209,7 @@ static nm_status load_into(nm_model *m, const char *path, bool repack, bool voca
     if (!m->arch)
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "architecture '%.*s' is not supported (supported: qwen3moe, qwen2moe, "
-                         "olmoe, llama with experts (Mixtral), phimoe)",
+                         "olmoe, llama with experts (Mixtral), phimoe, deepseek2)",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     st = nm_tokenizer_load(m->gguf, &m->tok, err);
     if (st != NM_OK) return st;
@@ -293,7 +302,23 @@ void nm_model_describe(const nm_model *model, void *file) {
     fprintf(f, "experts:             %d, %d active per token, expert d_ff %d\n", hp->n_expert,
             hp->n_expert_used, hp->n_ff_exp);
     if (hp->n_ff_shexp > 0)
-        fprintf(f, "shared expert:       d_ff %d, sigmoid-gated, on every token\n", hp->n_ff_shexp);
+        fprintf(f, "shared expert:       d_ff %d, %s, on every token\n", hp->n_ff_shexp,
+                hp->shexp_ungated ? "ungated" : "sigmoid-gated");
+    if (hp->n_lora_kv > 0)
+        fprintf(f,
+                "latent attention:    kv_lora_rank %d, q_lora_rank %d, nope %d + rope %d, v %d; "
+                "cache %lld floats per position\n",
+                hp->n_lora_kv, hp->n_lora_q, hp->n_nope, hp->n_rot, hp->n_v_head,
+                (long long)nm_model_kv_k_dim(hp));
+    if (hp->n_layer_dense_lead > 0)
+        fprintf(f, "dense layers:        0..%d, SwiGLU d_ff %d (no experts)\n",
+                hp->n_layer_dense_lead - 1, hp->n_ff);
+    if (hp->n_group > 1)
+        fprintf(f, "routing:             group-limited, %d of %d groups\n", hp->n_group_used,
+                hp->n_group);
+    if (hp->rope_ext_factor != 0.0f)
+        fprintf(f, "yarn:                factor %g, original context %d, q.k scale %g\n",
+                1.0 / hp->rope_freq_scale, hp->n_ctx_orig, (double)hp->attn_scale);
     fprintf(f, "rope:                %s, base %g, %d dims%s, attn factor %g\n",
             hp->rope == NM_ROPE_NEOX ? "neox" : "norm", hp->rope_freq_base, hp->n_rot,
             model->rope_factors_short ? ", long/short factors" : "", hp->rope_attn_factor);

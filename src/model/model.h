@@ -49,6 +49,31 @@ typedef struct nm_hparams {
     float rope_attn_factor; /* cos and sin are scaled by it (1 = none)        */
     int32_t n_ctx_orig;     /* context up to which the short RoPE factors hold */
     float router_jitter;    /* sparsemixer's relative-gap threshold is 2x this */
+    /* YaRN (deepseek2): the frequencies are scaled by rope_freq_scale
+     * (1 / rope.scaling.factor) and blended with the unscaled ones by
+     * rope_ext_factor (1 for yarn, 0: plain), as ggml's rope_ext does
+     * between the correction dims of yarn_beta_fast/slow over n_ctx_orig */
+    float rope_freq_scale, rope_ext_factor, yarn_beta_fast, yarn_beta_slow;
+    float attn_scale; /* the q.k scale; 0: 1 / sqrt(head_dim) */
+    /* Multi-head latent attention (deepseek2; n_lora_kv > 0): q from wq, or
+     * through a rank-n_lora_q bottleneck (q_a, its norm, q_b) when
+     * n_lora_q > 0; head_dim = n_nope + n_rot (key_length) for q and k,
+     * n_v_head (value_length) for v; the cache holds, per position, the
+     * normed latent [n_lora_kv] and the RoPE key shared by every head
+     * [n_rot] (nm_model_kv_k_dim), nothing else */
+    int32_t n_lora_q, n_lora_kv, n_nope, n_v_head;
+    /* layers 0 .. n_layer_dense_lead - 1 are a plain SwiGLU FFN of width
+     * n_ff (no router, no experts): deepseek2's leading dense layers */
+    int32_t n_layer_dense_lead, n_ff;
+    /* routed weights: renormalised to sum 1 when expert_weights_norm, then
+     * multiplied by expert_weights_scale (1: none) */
+    bool expert_weights_norm;
+    float expert_weights_scale;
+    /* group-limited routing (n_group > 1): the experts are n_group
+     * consecutive groups; only the n_group_used groups of the highest
+     * best probability are eligible for the top-k */
+    int32_t n_group, n_group_used;
+    bool shexp_ungated; /* the shared experts' output is added as it is */
 } nm_hparams;
 
 /* Optional vectors (biases, q/k norms) are NULL when the file has none. */
@@ -75,6 +100,19 @@ typedef struct nm_layer {
     nm_mat shexp_gate;     /* [n_ff_shexp][n_embd] */
     nm_mat shexp_up;       /* [n_ff_shexp][n_embd] */
     nm_mat shexp_down;     /* [n_embd][n_ff_shexp] */
+    /* MLA (hp.n_lora_kv > 0), instead of wq (when n_lora_q > 0), wk, wv */
+    nm_mat wq_a;            /* [n_lora_q][n_embd] */
+    const float *q_a_norm;  /* [n_lora_q] */
+    nm_mat wq_b;            /* [n_head * head_dim][n_lora_q] */
+    nm_mat wkv_a;           /* [n_lora_kv + n_rot][n_embd] latent, then k_pe */
+    const float *kv_a_norm; /* [n_lora_kv] */
+    /* [n_head][n_nope + n_v_head][n_lora_kv]: per head the rows giving
+     * k_nope, then those giving v; read by rows, never repacked */
+    nm_mat wkv_b;
+    /* a dense layer (il < hp.n_layer_dense_lead): its FFN, no router */
+    nm_mat ffn_gate; /* [n_ff][n_embd] */
+    nm_mat ffn_up;   /* [n_ff][n_embd] */
+    nm_mat ffn_down; /* [n_embd][n_ff] */
 } nm_layer;
 
 /* Routing of one token: logits [n_expert] -> ids, weights [k]; probs is
@@ -145,7 +183,8 @@ typedef struct nm_weight_spec {
      * take the stronger of this and attn_bias */
     nm_presence qkv_bias;
     /* ffn_{gate_inp,gate,up,down}_shexp.weight, of width
-     * expert_shared_feed_forward_length (qwen2moe) */
+     * expert_shared_feed_forward_length (qwen2moe); without
+     * ffn_gate_inp_shexp when hp.shexp_ungated (deepseek2) */
     nm_presence shared_expert;
 } nm_weight_spec;
 
@@ -158,6 +197,22 @@ nm_status nm_model_load_hparams(nm_model *m, nm_error *err);
  * with the optional weights of spec and q/k norms as hp.qk_norm says) and
  * the output; a missing output.weight ties the output to token_embd. */
 nm_status nm_model_load_weights(nm_model *m, const nm_weight_spec *spec, nm_error *err);
+
+/* Whether layer il routes tokens to experts (false: a leading dense layer),
+ * and its index among the layers that do (the executor's and the plan's
+ * layer numbers), or -1. */
+bool nm_model_layer_is_moe(const nm_hparams *hp, int32_t il);
+int32_t nm_model_moe_index(const nm_hparams *hp, int32_t il);
+/* Layers that route tokens to experts, and the expert stacks of the
+ * moe_layer-th of them (what the MoE executors and plans number). */
+int32_t nm_model_n_moe_layers(const nm_hparams *hp);
+const nm_expert_weights *nm_model_moe_experts(const nm_model *m, int32_t moe_layer);
+/* Floats per position one layer's cache holds, keys and values (MLA: the
+ * latent and k_pe as keys, no values), and per row of nm_model_batch.q and
+ * .att. */
+int64_t nm_model_kv_k_dim(const nm_hparams *hp);
+int64_t nm_model_kv_v_dim(const nm_hparams *hp);
+int64_t nm_model_q_width(const nm_hparams *hp);
 
 /* ---- blocks the forward pass shares (blocks.c) ---- */
 
@@ -177,6 +232,11 @@ void nm_route_softmax_topk_renorm(const nm_hparams *hp, const float *logits, int
                                   float *weights, float *probs);
 void nm_route_softmax_topk(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
                            float *probs);
+/* DeepSeek's: softmax over all experts, group-limited when hp.n_group > 1,
+ * top-k, renormalised when hp.expert_weights_norm, times
+ * hp.expert_weights_scale. */
+void nm_route_deepseek(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
+                       float *probs);
 /* PhiMoE's "sparsemixer" at inference: k times, the best remaining expert,
  * weighted by its probability in a softmax over the remaining experts whose
  * logits are within a relative gap of 2 * router_jitter of it; no
@@ -202,8 +262,8 @@ nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int
  * cache rows are left half-computed). */
 
 /* One layer's KV cache as the caller lays it out: the keys of position p at
- * k + p * kv_dim elements of type, the values likewise in v, kv_dim =
- * n_head_kv * head_dim. */
+ * k + p * nm_model_kv_k_dim elements of type, the values likewise in v
+ * (nm_model_kv_v_dim; MLA has none: v may be NULL). */
 typedef struct nm_kv_view {
     nm_kv_type type; /* NM_KV_F32, or NM_KV_F16 (IEEE half) */
     void *k;         /* [n_kv][kv_dim] */
@@ -226,8 +286,8 @@ typedef struct nm_model_batch {
     const float *rope_factors; /* [n_rot / 2] the short or long ones, or NULL */
     float *x;                  /* [n_rows][n_embd] residual stream */
     float *xn;                 /* [n_rows][n_embd] a block's normed input */
-    float *q;                  /* [n_rows][n_head * head_dim] */
-    float *att;                /* [n_rows][n_head * head_dim] attention output */
+    float *q;                  /* [n_rows][nm_model_q_width] */
+    float *att;                /* [n_rows][nm_model_q_width] attention output */
     float *proj;           /* [n_rows][n_embd] a block's output; the experts' for the residual */
     float *scores;         /* [n_threads][scores_stride] attention scratch */
     int64_t scores_stride; /* >= n_past + n_rows */
@@ -235,8 +295,8 @@ typedef struct nm_model_batch {
     int32_t *ids;          /* [n_real][n_expert_used] experts chosen */
     float *weights;        /* [n_real][n_expert_used] their weights */
     float *probs;          /* [n_expert] routing scratch */
-    /* [n_rows][nm_model_shexp_scratch(hp)] the shared expert's work;
-     * NULL when the model has none */
+    /* [n_rows][nm_model_shexp_scratch(hp)] the shared expert's or a dense
+     * layer's FFN work; NULL when the model has neither */
     float *shexp;
     nm_tap_fn tap; /* NULL: none */
     void *tap_ctx;
@@ -252,7 +312,8 @@ typedef struct nm_model_batch {
 /* x of rows t < n from the embedding of ids[t]; rows n .. n_rows-1 (padding)
  * repeat ids[n - 1]. ids must be in [0, n_vocab). */
 void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_model_batch *b);
-/* x += Wo attention(rope(qk_norm(Wq xn)), rope(qk_norm(Wk xn)), Wv xn),
+/* x += Wo attention(rope(qk_norm(Wq xn)), rope(qk_norm(Wk xn)), Wv xn)
+ * (MLA: mla.c, nm_model_attention_mla),
  * xn = attn_norm(x), over the cache's positions 0 .. n_past + t for row t;
  * the rows' keys and values land in the cache at n_past. Taps attn_norm,
  * Qcur, Kcur, Vcur, kqv_out, ffn_inp. */
@@ -260,19 +321,27 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
                         const nm_kv_view *kv);
 /* xn = ffn_norm(x), the router's logits and the architecture's routing
  * (m->route) of each real row into ids and weights; xn is then what the
- * experts take. Taps ffn_norm, ffn_moe_logits. */
+ * experts take. Taps ffn_norm, ffn_moe_logits. A dense layer
+ * (nm_model_layer_is_moe false) has no router: xn alone, and the caller
+ * runs no executor on it. */
 bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b);
 /* The second half of nm_model_route, for a caller that computed xn and the
  * router's logits elsewhere (a device's dense graph): routing of each real
  * row from b->router. Taps ffn_moe_logits. */
 bool nm_model_route_logits(const nm_model *m, int32_t il, const nm_model_batch *b);
-/* Floats per row the shared expert needs in nm_model_batch.shexp (0: the
- * model has none). */
+/* Multi-head latent attention (mla.c), called by nm_model_attention for an
+ * MLA model: the same contract, over a cache of latents and k_pe. */
+bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch *b,
+                            const nm_kv_view *kv);
+/* Floats per row the shared expert or a dense layer's FFN needs in
+ * nm_model_batch.shexp (0: the model has neither). */
 int64_t nm_model_shexp_scratch(const nm_hparams *hp);
 /* x += proj over the real rows, plus, when the model has a shared expert,
- * its output on xn scaled by its sigmoid gate (dense work on every real
- * row, whatever executor ran the routed experts). Taps ffn_moe_out,
- * ffn_shexp_out (with a shared expert), l_out. */
+ * its output on xn scaled by its sigmoid gate (or not, hp.shexp_ungated;
+ * dense work on every real row, whatever executor ran the routed experts).
+ * A dense layer: proj = its FFN on xn first (no executor ran). Taps
+ * ffn_moe_out, ffn_shexp_out (with a shared expert) or ffn_out (a dense
+ * layer), l_out. */
 bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b);
 /* logits [n_real - first][n_vocab] = output(output_norm(x)) of the real
  * rows from first on. Taps result_norm, result_output (layer -1). */
@@ -296,5 +365,6 @@ extern const nm_arch nm_arch_olmoe;
 extern const nm_arch nm_arch_llama;
 extern const nm_arch nm_arch_phimoe;
 extern const nm_arch nm_arch_qwen2moe;
+extern const nm_arch nm_arch_deepseek2;
 
 #endif /* NM_MODEL_H */

@@ -1,0 +1,184 @@
+/* Multi-head latent attention (DeepSeek-V2), over a cache that holds per
+ * position only the normed latent c [n_lora_kv] and the RoPE key k_pe
+ * [n_rot] every head shares. kv_b's key rows are absorbed into the query
+ * (q_lat = W_kb^T q_nope per head) and its value rows applied after the
+ * softmax (v = W_vb o_lat), so that q.k = q_lat.c + q_pe.k_pe and the
+ * values are W_vb c: the same products llama.cpp computes from its full
+ * K/V cache, summed in another order. Not here: the rest of the layer. */
+#include "model.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <math.h>
+#include <string.h>
+
+static bool tap(const nm_model_batch *b, int32_t il, const char *name, const float *values,
+                int64_t n_cols) {
+    return !b->tap || b->tap(b->tap_ctx, il, name, values, b->n_real, n_cols);
+}
+
+/* Widths of one head in the spaces the block moves through. */
+typedef struct mla_dims {
+    int64_t nope, rot, lora, v;
+    int64_t qk;  /* nope + rot: a head of q as projected */
+    int64_t lat; /* lora + rot: a head of the absorbed q, and a cache row */
+    int64_t kvb; /* nope + v: a head's rows of wkv_b */
+} mla_dims;
+
+static mla_dims dims_of(const nm_hparams *hp) {
+    return (mla_dims){.nope = hp->n_nope,
+                      .rot = hp->n_rot,
+                      .lora = hp->n_lora_kv,
+                      .v = hp->n_v_head,
+                      .qk = hp->head_dim,
+                      .lat = (int64_t)hp->n_lora_kv + hp->n_rot,
+                      .kvb = (int64_t)hp->n_nope + hp->n_v_head};
+}
+
+/* The rows of head h's keys (first nope rows) or values in wkv_b, as a
+ * matrix of their own: wkv_b is never repacked, so its rows are the file's. */
+static nm_mat kvb_rows(const nm_layer *l, const mla_dims *dd, int h, bool values) {
+    nm_mat w = l->wkv_b;
+    const int64_t first = h * dd->kvb + (values ? dd->nope : 0);
+    w.data = (const uint8_t *)l->wkv_b.data + (size_t)first * l->wkv_b.row_bytes;
+    w.n = values ? dd->v : dd->nope;
+    return w;
+}
+
+typedef struct absorb_ctx {
+    const nm_layer *l;
+    mla_dims dd;
+    int32_t n;
+    const float *q; /* [n][n_head][qk] */
+    float *q_lat;   /* [n][n_head][lat] */
+} absorb_ctx;
+
+/* Head h: q_lat[t][h][c] = sum_i q[t][h][i] wkv_b[h kvb + i][c], the
+ * kv_b rows widened to F32 in slices of 256 (a multiple of every block). */
+static void absorb_task(void *p, int h, int thread) {
+    (void)thread;
+    const absorb_ctx *c = p;
+    const mla_dims *dd = &c->dd;
+    const int64_t n_head = c->l->wkv_b.n / dd->kvb;
+    const nm_mat w = kvb_rows(c->l, dd, h, false);
+    float row[256];
+    for (int32_t t = 0; t < c->n; t++)
+        memset(c->q_lat + ((size_t)t * n_head + h) * dd->lat, 0, (size_t)dd->lora * sizeof(float));
+    for (int64_t c0 = 0; c0 < dd->lora; c0 += 256) {
+        const int64_t len = dd->lora - c0 < 256 ? dd->lora - c0 : 256;
+        size_t off;
+        NM_ASSERT(nm_dtype_row_bytes(w.type, c0, &off));
+        for (int64_t i = 0; i < dd->nope; i++) {
+            nm_dequantize_row((nm_dtype)w.type, (const uint8_t *)w.data + i * w.row_bytes + off,
+                              row, len);
+            for (int32_t t = 0; t < c->n; t++) {
+                const float qi = c->q[((size_t)t * n_head + h) * dd->qk + i];
+                float *y = c->q_lat + ((size_t)t * n_head + h) * dd->lat + c0;
+                for (int64_t j = 0; j < len; j++)
+                    y[j] += qi * row[j];
+            }
+        }
+    }
+}
+
+typedef struct attend_ctx {
+    const nm_hparams *hp;
+    const nm_model_batch *b;
+    const nm_kv_view *kv;
+    mla_dims dd;
+} attend_ctx;
+
+/* Row i: every head against the cache as one shared key/value head of
+ * width lat (values = the same rows; the k_pe part of the output is
+ * unused). */
+static void attend_task(void *p, int i, int thread) {
+    const attend_ctx *c = p;
+    const nm_model_batch *b = c->b;
+    const int64_t w = (int64_t)c->hp->n_head * c->dd.lat;
+    float *scores = b->scores + (size_t)thread * (size_t)b->scores_stride;
+    const nm_kv_view *kv = b->kvs ? &b->kvs[i] : c->kv;
+    const int32_t n_kv = (b->pos ? b->pos[i] : b->n_past + i) + 1;
+    const int lat = (int)c->dd.lat;
+    const float scale = c->hp->attn_scale;
+    if (kv->type == NM_KV_F16)
+        nm_attention_f16_forward(b->q + i * w, kv->k, kv->k, lat, n_kv, c->hp->n_head, 1, lat,
+                                 scale, b->att + i * w, scores);
+    else
+        nm_attention_forward(b->q + i * w, kv->k, kv->k, lat, n_kv, c->hp->n_head, 1, lat, scale,
+                             b->att + i * w, scores);
+}
+
+bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch *b,
+                            const nm_kv_view *kv) {
+    const nm_hparams *hp = &m->hp;
+    const nm_layer *l = &m->layers[il];
+    const mla_dims dd = dims_of(hp);
+    const int32_t n = b->n_rows, n_head = hp->n_head;
+    const int64_t d = hp->n_embd;
+    const bool half = kv->type == NM_KV_F16, rows = b->kvs != NULL;
+    NM_ASSERT(rows ? kv->stage != NULL : half == (kv->stage != NULL));
+    /* [n][lat]: the rows' latents and k_pe, straight into an F32 cache,
+     * staged for an F16 one or for each row's own cache */
+    float *kv_new = half || rows ? kv->stage : (float *)kv->k + (size_t)b->n_past * dd.lat;
+    /* q as projected, [n][n_head][qk], lives in att until the attention
+     * overwrites it; q_a's output ([n][n_lora_q]) in q before q_lat */
+    float *q = b->att;
+
+    for (int32_t t = 0; t < n; t++)
+        nm_model_norm(hp, b->x + t * d, l->attn_norm, NULL, b->xn + t * d, d);
+    if (!tap(b, il, "attn_norm", b->xn, d)) return false;
+    if (hp->n_lora_q > 0) {
+        const int64_t r = hp->n_lora_q;
+        nm_matmul_parallel(b->pool, &l->wq_a, b->xn, d, n, b->q, r);
+        for (int32_t t = 0; t < n; t++)
+            nm_model_norm(hp, b->q + t * r, l->q_a_norm, NULL, b->q + t * r, r);
+        nm_matmul_parallel(b->pool, &l->wq_b, b->q, r, n, q, n_head * dd.qk);
+    } else {
+        nm_matmul_parallel(b->pool, &l->wq, b->xn, d, n, q, n_head * dd.qk);
+    }
+    nm_matmul_parallel(b->pool, &l->wkv_a, b->xn, d, n, kv_new, dd.lat);
+    for (int32_t t = 0; t < n; t++) {
+        const int32_t pos = b->pos ? b->pos[t] : b->n_past + t;
+        float *c = kv_new + t * dd.lat;
+        nm_model_norm(hp, c, l->kv_a_norm, NULL, c, dd.lora);
+        /* q_pe of every head (stride qk) and the one k_pe */
+        nm_model_rope(hp, NULL, q + (size_t)t * n_head * dd.qk + dd.nope, n_head, pos);
+        nm_model_rope(hp, NULL, c + dd.lora, 1, pos);
+    }
+    if (!tap(b, il, "Qcur", q, n_head * dd.qk) || !tap(b, il, "kv_compressed", kv_new, dd.lat))
+        return false;
+    absorb_ctx ac = {.l = l, .dd = dd, .n = n, .q = q, .q_lat = b->q};
+    nm_pool_run(b->pool, absorb_task, &ac, n_head);
+    for (int32_t t = 0; t < n; t++)
+        for (int h = 0; h < n_head; h++)
+            memcpy(b->q + ((size_t)t * n_head + h) * dd.lat + dd.lora,
+                   q + ((size_t)t * n_head + h) * dd.qk + dd.nope, (size_t)dd.rot * sizeof(float));
+    for (int32_t t = 0; rows && t < n; t++) {
+        const nm_kv_view *r = &b->kvs[t];
+        const size_t off = (size_t)b->pos[t] * dd.lat, at = (size_t)t * dd.lat;
+        for (int64_t i = 0; i < dd.lat; i++)
+            if (r->type == NM_KV_F16)
+                ((uint16_t *)r->k)[off + i] = nm_f32_to_f16(kv_new[at + i]);
+            else
+                ((float *)r->k)[off + i] = kv_new[at + i];
+    }
+    if (half && !rows) {
+        uint16_t *k_half = (uint16_t *)kv->k + (size_t)b->n_past * dd.lat;
+        for (int64_t i = 0; i < (int64_t)n * dd.lat; i++)
+            k_half[i] = nm_f32_to_f16(kv_new[i]);
+    }
+    attend_ctx c = {.hp = hp, .b = b, .kv = kv, .dd = dd};
+    nm_pool_run(b->pool, attend_task, &c, n);
+    /* v per head from its latent output: [n][n_head][v] into q */
+    for (int h = 0; h < n_head; h++) {
+        const nm_mat wv = kvb_rows(l, &dd, h, true);
+        nm_matmul_parallel(b->pool, &wv, b->att + h * dd.lat, n_head * dd.lat, n, b->q + h * dd.v,
+                           n_head * dd.v);
+    }
+    if (!tap(b, il, "kqv_out", b->q, n_head * dd.v)) return false;
+    nm_matmul_parallel(b->pool, &l->wo, b->q, n_head * dd.v, n, b->proj, d);
+    for (int64_t i = 0; i < (int64_t)n * d; i++)
+        b->x[i] += b->proj[i];
+    return tap(b, il, "ffn_inp", b->x, d);
+}
