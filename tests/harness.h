@@ -115,7 +115,7 @@ bool nm_test_kernels_from_env(void);
 
 /* ---- the static modes (test_static, test_static_arch) ---- */
 
-enum { NM_TEST_MAX_LAYER = 4, NM_TEST_MAX_EXPERT = 16 };
+enum { NM_TEST_MAX_LAYER = 32, NM_TEST_MAX_EXPERT = 16 }; /* 26 MoE layers: tiny-deepseek2 */
 
 /* A plan of chunks of `chunk` tokens whose layers have two groups, the even
  * and the odd experts, of `capacity` rows each; the odd group on the host

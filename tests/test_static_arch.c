@@ -1,6 +1,8 @@
 /* The static-graph modes on every architecture (olmoe, llama/Mixtral, phimoe
  * in both semantics, qwen2moe with its shared expert, which stays dense work
- * beside the routed experts), with no architecture code in the executor: for each
+ * beside the routed experts, deepseek2 with its shared experts, latent
+ * attention and a leading dense layer, which has no plan entry and runs as
+ * dense work in every mode), with no architecture code in the executor: for each
  * tiny model, with capacities that hold every load, naive, tiers, grouped
  * and npumoe give dense's logits (prefill in padded chunks of 16, then
  * decode steps), capacity 1 with spill too, and the routed assignments
@@ -43,7 +45,9 @@ static void check_model(const char *base, const char *name, nm_compat compat, nm
     nm_error err = {0};
     CHECK_INT_EQ(nm_model_load(path, &mp, &m, &err), NM_OK);
     if (!m) return;
-    const int nv = m->hp.n_vocab, n_layer = m->hp.n_layer, n_expert = m->hp.n_expert;
+    /* the plan's layers: those with experts (deepseek2's dense layer has none) */
+    const int nv = m->hp.n_vocab, n_layer = nm_model_n_moe_layers(&m->hp),
+              n_expert = m->hp.n_expert;
     CHECK(n_layer <= NM_TEST_MAX_LAYER && n_expert <= NM_TEST_MAX_EXPERT && n_expert % 2 == 0);
     int32_t ids[MAX_IDS];
     const int n = read_prompt(dir, 3, ids); /* 100 tokens: 6 chunks of 16 and a padded 4 */
@@ -98,6 +102,8 @@ int main(void) {
     check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_LLAMA_CPP, dev);
     check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_NONE, dev);
     check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-qwen2moe", NM_COMPAT_NONE, dev);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2", NM_COMPAT_NONE, dev);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2-qlora", NM_COMPAT_NONE, dev);
     nm_device_close(dev);
     return nm_test_finish("test_static_arch");
 }

@@ -15,6 +15,7 @@ void nm_model_moe_shape(const nm_model *model, nm_moe_shape *out) {
     const nm_hparams *hp = &model->hp;
     /* the layers with experts: a leading dense layer has no plan entry */
     *out = (nm_moe_shape){.n_layer = nm_model_n_moe_layers(hp),
+                          .first_layer = hp->n_layer_dense_lead,
                           .n_expert = hp->n_expert,
                           .k = hp->n_expert_used,
                           .d_model = hp->n_embd,

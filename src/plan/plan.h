@@ -38,7 +38,9 @@
  * (nm_model_moe_shape). */
 typedef struct nm_moe_shape {
     nm_fingerprint fingerprint; /* the model's (base.h) */
-    int32_t n_layer;
+    int32_t n_layer;            /* the layers with experts */
+    int32_t first_layer;        /* the model's layer that is layer 0 here: those before it
+                                   have no experts (deepseek2's leading dense layers) */
     int32_t n_expert;
     int32_t k; /* experts per token */
     int32_t d_model;
@@ -181,7 +183,8 @@ typedef struct nm_plan_cost {
 struct nm_plan {
     nm_fingerprint fingerprint;
     char device[32];
-    nm_moe_plan moe; /* chunk, groups (tier, experts, residency), policies */
+    nm_moe_plan moe;     /* chunk, groups (tier, experts, residency), policies */
+    int32_t first_layer; /* the model layer of moe's layer 0 (nm_moe_shape) */
     int32_t n_tiers;
     int32_t *tiers; /* [n_tiers] the tier set the plan chose from, ascending */
     double quantile;

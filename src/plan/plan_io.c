@@ -63,6 +63,7 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
               nm_json_put(root, "device", json_string(plan->device)) &&
               nm_json_put(root, "chunk", json_integer(moe->chunk)) &&
               nm_json_put(root, "n_layer", json_integer(moe->n_layer)) &&
+              nm_json_put(root, "first_moe_layer", json_integer(plan->first_layer)) &&
               nm_json_put(root, "n_expert", json_integer(moe->n_expert));
     ok = nm_json_put(root, "tiers", tiers) && ok;
     for (int32_t i = 0; ok && i < plan->n_tiers; i++)
@@ -313,7 +314,20 @@ static nm_status read_plan(const json_t *root, void *vctx, nm_error *err) {
                          "the plan is for %lld layers of %lld experts, the model has %d of %d",
                          (long long)n_layer, (long long)n_expert, ctx->shape->n_layer,
                          ctx->shape->n_expert);
+    /* which model layers the plan's are: absent in plans of models whose
+     * every layer has experts */
+    int64_t first_layer = 0;
+    if (json_object_get(root, "first_moe_layer") &&
+        (st = nm_json_get_int(root, "first_moe_layer", 0, NM_PLAN_MAX_LAYERS, &first_layer, NULL,
+                              err)))
+        return st;
+    if (ctx->shape && first_layer != ctx->shape->first_layer)
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the plan's layers start at the model's layer %lld, the model's MoE "
+                         "layers at %d",
+                         (long long)first_layer, ctx->shape->first_layer);
     nm_plan *plan = ctx->plan;
+    plan->first_layer = (int32_t)first_layer;
     snprintf(plan->device, sizeof plan->device, "%s", device);
     plan->fingerprint = fp;
     plan->moe.chunk = (int32_t)chunk;
@@ -383,6 +397,11 @@ void nm_plan_describe(const nm_plan *plan, FILE *f) {
     fprintf(f, "plan for model %s on device %s\n", plan->fingerprint.hex, plan->device);
     fprintf(f, "chunk:      %d tokens, %d layers of %d experts\n", moe->chunk, moe->n_layer,
             moe->n_expert);
+    if (plan->first_layer > 0)
+        fprintf(f,
+                "layers:     the model's %d..%d (those before have no experts; below, "
+                "layer l is the model's l + %d)\n",
+                plan->first_layer, plan->first_layer + moe->n_layer - 1, plan->first_layer);
     fprintf(f, "tiers:     ");
     for (int32_t i = 0; i < plan->n_tiers; i++)
         fprintf(f, " %d", plan->tiers[i]);

@@ -696,6 +696,7 @@ nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const n
         st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
     if (st == NM_OK) {
         plan->fingerprint = calib->fingerprint;
+        plan->first_layer = shape->first_layer;
         snprintf(plan->device, sizeof plan->device, "%s", profile->device);
         plan->moe.chunk = calib->chunk;
         plan->moe.n_expert = n_expert;

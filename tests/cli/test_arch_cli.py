@@ -6,7 +6,9 @@ Phi-3.5 format, checked against ids written out by hand from the template
 and the tokenizer goldens), --chat-template, and the errors that name the
 fallback; `compare --candidate-compat` scores one semantics against the
 other. qwen2moe (tests/vectors/tiny-qwen2moe): `logits` against llama.cpp's,
-`info` names the shared expert, `run --chat` renders chatml.
+`info` names the shared expert, `run --chat` renders chatml. deepseek2
+(tests/vectors/tiny-deepseek2*): `logits` against llama.cpp's, `info`, and
+calibrate -> profile -> plan -> run --plan, the plan over the MoE layers.
 
 Usage: /usr/bin/python3 tests/cli/test_arch_cli.py PATH/TO/npumoe --vectors DIR
 """
@@ -145,6 +147,71 @@ def main():
         # <|im_start|> user \n Hi <|im_end|> \n <|im_start|> assistant \n (4k Qwen vocab)
         check(ids[0] == 4097 and 4098 in ids and ids.count(4097) == 2, "qwen2moe chatml prompt ids",
               "%s" % ids)
+
+    # deepseek2 (tests/vectors/tiny-deepseek2*): logits against llama.cpp's,
+    # info, and the static loop: calibrate, profile, plan, run --plan; the
+    # plan has entries for the MoE layers only and records where they start
+    vec = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vectors")
+    for name in ("tiny-deepseek2", "tiny-deepseek2-qlora"):
+        d = os.path.join(vec, name)
+        with open(os.path.join(d, "prompts.txt")) as f:
+            prompt = f.read().splitlines()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "l.f32")
+            rc, _, err = run(bin_, ["logits", "-m", os.path.join(d, "model.gguf"), "--tokens",
+                                    prompt, "--all", "-o", out])
+            check(rc == 0, "%s logits" % name, err)
+            if rc == 0:
+                e = max_rel(read_f32(out), read_f32(os.path.join(d, "logits_1.f32")), 4099,
+                            list(range(len(prompt.split()))))
+                print("%s prompt 1: max rel vs llama.cpp %.3g" % (name, e))
+                check(e < 1e-5, "%s logits distance %.3g" % (name, e))
+    ds = os.path.join(vec, "tiny-deepseek2", "model.gguf")
+    rc, out, err = run(bin_, ["info", "-m", ds])
+    check(rc == 0 and "architecture:        deepseek2" in out
+          and "kv_lora_rank 16, q_lora_rank 0" in out and "cache 20 floats per position" in out
+          and "dense layers:        0..0" in out and "ungated" in out,
+          "deepseek2 info", out + err)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "t.txt")
+        with open(text, "w") as f:
+            f.write("The quick brown fox jumps over the lazy dog, 1234 times. " * 30)
+        calib, prof, plan = (os.path.join(tmp, x) for x in ("c.json", "p.json", "plan.json"))
+        rc, out, err = run(bin_, ["calibrate", "-m", ds, "-f", text, "--chunk", "16", "-o", calib])
+        check(rc == 0, "deepseek2 calibrate", err[-300:])
+        rc, out, err = run(bin_, ["profile", "-m", ds, "--chunk", "16", "--reps", "1",
+                                  "--grid-experts", "1,4", "--grid-capacity", "4,16", "-o", prof])
+        check(rc == 0, "deepseek2 profile", err[-300:])
+        rc, out, err = run(bin_, ["plan", "-m", ds, "--calib", calib, "--profile", prof, "-o", plan])
+        check(rc == 0, "deepseek2 plan", err[-300:])
+        if rc == 0:
+            with open(plan) as f:
+                p = json.load(f)
+            with open(calib) as f:
+                c = json.load(f)
+            check(p["n_layer"] == 26 and len(p["layers"]) == 26 and p["first_moe_layer"] == 1
+                  and c["n_layer"] == 26,
+                  "deepseek2 plan and calibration cover the 26 MoE layers from layer 1",
+                  "%s %s %s" % (p["n_layer"], p.get("first_moe_layer"), c["n_layer"]))
+            got = {}
+            for how, extra in (("plan", ["--plan", plan]), ("dense", [])):
+                rc, out, err = run(bin_, ["run", "-m", ds, "-p", "Hello there, " * 12, "-n", "4",
+                                          "--temp", "0", "--json"] + extra)
+                check(rc == 0, "deepseek2 run (%s)" % how, (out + err)[-400:])
+                got[how] = json.loads(out)["generated_ids"] if rc == 0 else None
+            # spilling (the default) loses nothing: the plan's tokens are dense's
+            check(p["overflow"] != "spill" or got["plan"] == got["dense"],
+                  "deepseek2 run --plan generates dense's tokens", "%s" % got)
+            # a plan whose layers would start elsewhere is refused
+            p["first_moe_layer"] = 0
+            with open(plan + ".moved", "w") as f:
+                json.dump(p, f)
+            expect_error(bin_, ["run", "-m", ds, "--plan", plan + ".moved", "-p", "x"],
+                         "start at the model's layer 0", "a plan over other layers")
+            # the plan of one model refused by another
+            expect_error(bin_, ["run", "-m", os.path.join(vec, "tiny-deepseek2-qlora", "model.gguf"),
+                                "--plan", plan, "-p", "x"], "fingerprint",
+                         "a deepseek2 plan for another model")
 
     # errors, one line each, naming what to do
     expect_error(bin_, ["run", "-m", mixtral, "-p", "Hi", "--chat"], "--chat-template",
