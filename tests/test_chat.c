@@ -152,6 +152,34 @@ static void check_public_template(void) {
     nm_model_free(model);
 }
 
+/* DeepSeek-V2-Chat's template (from its tokenizer_config.json) is
+ * recognised by the line llama.cpp recognises it by. */
+static void check_deepseek2_detect(void) {
+    static const char tmpl[] =
+        "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}"
+        "{% endif %}{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' "
+        "%}{{ 'User: ' + message['content'] + '\n\n' }}{% elif message['role'] == 'assistant' "
+        "%}{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == "
+        "'system' %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}{% if "
+        "add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+    nm_gguf_writer *w = nm_gguf_writer_new();
+    uint8_t *mem = NULL;
+    size_t n = 0;
+    nm_error err = {0};
+    CHECK(w && nm_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl) == NM_OK);
+    CHECK(w && nm_gguf_writer_to_memory(w, &mem, &n, &err) == NM_OK);
+    nm_gguf *g = NULL;
+    if (mem) CHECK_INT_EQ(nm_gguf_open_memory(mem, n, &g, &err), NM_OK);
+    nm_chat_format f = NM_CHAT_COUNT;
+    if (g) CHECK_INT_EQ(nm_chat_detect(g, &f, &err), NM_OK);
+    CHECK_INT_EQ(f, NM_CHAT_DEEPSEEK2);
+    CHECK_INT_EQ(nm_chat_format_parse("deepseek2", &f, &err), NM_OK);
+    CHECK_INT_EQ(f, NM_CHAT_DEEPSEEK2);
+    nm_gguf_close(g);
+    nm_free(mem);
+    nm_gguf_writer_free(w);
+}
+
 static void check_unknown_template(void) {
     nm_gguf_writer *w = nm_gguf_writer_new();
     CHECK(w != NULL);
@@ -169,7 +197,7 @@ static void check_unknown_template(void) {
         nm_chat_format f;
         CHECK_INT_EQ(nm_chat_detect(g, &f, &err), NM_ERR_UNSUPPORTED);
         printf("unknown template: %s\n", err.msg);
-        CHECK(strstr(err.msg, "--chat-template chatml|phi3|mistral") != NULL);
+        CHECK(strstr(err.msg, "--chat-template chatml|phi3|mistral|deepseek2") != NULL);
         nm_gguf_close(g);
     }
     nm_free(mem);
@@ -194,6 +222,9 @@ int main(void) {
                  "<|system|>\nBe brief.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\n");
     check_render(NM_CHAT_MISTRAL, NULL, "[INST] Hi there [/INST]");
     check_render(NM_CHAT_MISTRAL, "Be brief.", "[INST] Be brief.\n\nHi there [/INST]");
+    check_render(NM_CHAT_DEEPSEEK2, NULL, "User: Hi there\n\nAssistant:");
+    check_render(NM_CHAT_DEEPSEEK2, "Be brief.", "Be brief.\n\nUser: Hi there\n\nAssistant:");
+    check_deepseek2_detect();
 
     nm_chat_format f;
     nm_error err = {0};
@@ -214,6 +245,14 @@ int main(void) {
                 "<|user|>\nAnd?<|end|>\n<|assistant|>\n");
     check_turns(NM_CHAT_MISTRAL, true,
                 "[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] And? [/INST]");
+    /* written out from DeepSeek-V2-Chat's template; the eos is U+FF5C
+     * "end" U+2581 "of" U+2581 "sentence" U+FF5C between < > */
+    check_turns(NM_CHAT_DEEPSEEK2, true,
+                "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<\xef\xbd\x9c"
+                "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>User: And?\n\nAssistant:");
+    check_turns(NM_CHAT_DEEPSEEK2, false,
+                "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<\xef\xbd\x9c"
+                "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>User: And?\n\n");
     check_public_template();
 
     check_prompt("tiny-phimoe", NM_CHAT_PHI3);

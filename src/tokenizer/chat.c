@@ -1,4 +1,4 @@
-/* The chat formats of Qwen3, Phi-3.5 and Mixtral, written out in C from
+/* The chat formats of Qwen3, Phi-3.5, Mixtral and DeepSeek-V2, written out in C from
  * the templates those models ship (see tokenizer.h), and their recognition. */
 #include "tokenizer.h"
 
@@ -10,12 +10,14 @@ static const char *const format_names[NM_CHAT_COUNT] = {
     [NM_CHAT_CHATML] = "chatml",
     [NM_CHAT_PHI3] = "phi3",
     [NM_CHAT_MISTRAL] = "mistral",
+    [NM_CHAT_DEEPSEEK2] = "deepseek2",
 };
 _Static_assert(sizeof format_names / sizeof format_names[0] == NM_CHAT_COUNT,
                "one name per chat format");
 
 #define FALLBACK                                                                                   \
-    "choose one with --chat-template chatml|phi3|mistral, or drop --chat and give the prompt "     \
+    "choose one with --chat-template chatml|phi3|mistral|deepseek2, or drop --chat and give the "  \
+    "prompt "                                                                                      \
     "already formatted"
 
 const char *nm_chat_format_name(nm_chat_format f) {
@@ -33,7 +35,7 @@ nm_status nm_chat_format_parse(const char *name, nm_chat_format *out, nm_error *
         return NM_OK;
     }
     return nm_errorf(err, NM_ERR_INVALID_ARG,
-                     "unknown chat template '%s' (known: chatml (qwen3), phi3, mistral)",
+                     "unknown chat template '%s' (known: chatml (qwen3), phi3, mistral, deepseek2)",
                      name ? name : "(null)");
 }
 
@@ -57,10 +59,12 @@ nm_status nm_chat_detect(const nm_gguf *gguf, nm_chat_format *out, nm_error *err
         *out = NM_CHAT_PHI3;
     else if (has(t, "[INST]") && has(t, "[/INST]"))
         *out = NM_CHAT_MISTRAL;
+    else if (has(t, "'Assistant: ' + message['content'] + eos_token")) /* as llama.cpp tells it */
+        *out = NM_CHAT_DEEPSEEK2;
     else
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "the model's chat template (\"%.*s...\") is not one npumoe knows "
-                         "(Qwen3/ChatML, Phi-3.5, Mixtral); " FALLBACK,
+                         "(Qwen3/ChatML, Phi-3.5, Mixtral, DeepSeek-V2); " FALLBACK,
                          (int)(t.len < 40 ? t.len : 40), t.ptr);
     return NM_OK;
 }
@@ -150,6 +154,22 @@ static void put_mistral(text_buf *b, const nm_chat_message *m, size_t n) {
     }
 }
 
+/* DeepSeek-V2-Chat's template (bos_token is the tokenizer's): a system
+ * message as its text + "\n\n", "User: " + content + "\n\n", answers
+ * "Assistant: " + content + its eos_token; the generation prompt
+ * "Assistant:". */
+static void put_deepseek2(text_buf *b, const nm_chat_message *m, size_t n, bool add_gen) {
+    for (size_t i = 0; i < n; i++) {
+        const bool user = strcmp(m[i].role, "user") == 0, system = strcmp(m[i].role, "system") == 0;
+        put(b, user ? "User: " : system ? "" : "Assistant: ");
+        put(b, m[i].content);
+        put(b, user || system ? "\n\n"
+                              : "<\xef\xbd\x9c"
+                                "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    }
+    if (add_gen) put(b, "Assistant:");
+}
+
 nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size_t n_messages,
                          bool add_generation_prompt, char **out, size_t *n_out, nm_error *err) {
     *out = NULL;
@@ -162,6 +182,8 @@ nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size
     put(&b, "");
     if (f == NM_CHAT_MISTRAL)
         put_mistral(&b, messages, n_messages);
+    else if (f == NM_CHAT_DEEPSEEK2)
+        put_deepseek2(&b, messages, n_messages, add_generation_prompt);
     else
         put_tagged(&b, f, messages, n_messages, add_generation_prompt);
     if (!b.ok) {

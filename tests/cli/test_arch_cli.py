@@ -167,6 +167,18 @@ def main():
                 print("%s prompt 1: max rel vs llama.cpp %.3g" % (name, e))
                 check(e < 1e-5, "%s logits distance %.3g" % (name, e))
     ds = os.path.join(vec, "tiny-deepseek2", "model.gguf")
+    # DeepSeek-V2's chat format by name (the tiny model carries Qwen's vocabulary
+    # and template): "User: Hi\n\nAssistant:" in its ids, no <|im_start|>
+    rc, out, err = run(bin_, ["run", "-m", ds, "-p", "Hi", "--chat", "--chat-template", "deepseek2",
+                              "-n", "1", "--temp", "0", "--json"])
+    check(rc == 0, "deepseek2 run --chat-template deepseek2", err)
+    if rc == 0:
+        ids = json.loads(out)["prompt_ids"]
+        rc2, out2, err2 = run(bin_, ["tokenize", "-m", ds, "-p", "User: Hi\n\nAssistant:"])
+        check(rc2 == 0 and 4097 not in ids, "deepseek2 chat prompt", out2 + err2)
+        if rc2 == 0:
+            want = [int(x) for x in out2.split()]
+            check(ids == want, "deepseek2 chat prompt ids", "%s vs %s" % (ids, want))
     rc, out, err = run(bin_, ["info", "-m", ds])
     check(rc == 0 and "architecture:        deepseek2" in out
           and "kv_lora_rank 16, q_lora_rank 0" in out and "cache 20 floats per position" in out
