@@ -9,8 +9,10 @@
  * largest logit and with the same greedy token; also with 16 sessions on
  * the quantised models (where a kernel may change path with the rows).
  * Models: tiny-qwen3moe (F32), tiny-phimoe (LayerNorm, biases, F16 head),
- * tiny-qwen3moe Q4_K_M, the shipped model and tiny-qwen2moe (q/k/v biases,
- * a gated shared expert). Then every refused argument,
+ * tiny-qwen3moe Q4_K_M, the shipped model, tiny-qwen2moe (q/k/v biases,
+ * a gated shared expert) and tiny-deepseek2 and -qlora (latent attention,
+ * each row's latents written into its own session's cache, F16 ones
+ * included; a dense layer). Then every refused argument,
  * which leaves the sessions as they were. */
 #include "harness.h"
 
@@ -186,6 +188,8 @@ int main(void) {
         {"tiny-qwen3moe Q4_K_M", NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M/model.gguf"},
         {"shipped", NM_SOURCE_DIR "/models/npumoe-tiny-moe.gguf"},
         {"tiny-qwen2moe", NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf"},
+        {"tiny-deepseek2", NM_SOURCE_DIR "/tests/vectors/tiny-deepseek2/model.gguf"},
+        {"tiny-deepseek2-qlora", NM_SOURCE_DIR "/tests/vectors/tiny-deepseek2-qlora/model.gguf"},
     };
     const int n_models = (int)(sizeof models / sizeof models[0]);
     /* the reference kernels first: a model's matrices are laid out for the
