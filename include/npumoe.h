@@ -293,6 +293,11 @@ nm_status nm_session_eval(nm_session *session, const int32_t *ids, int32_t n, fl
  *   ffn_moe_logits  [n][n_expert]           router logits
  *   ffn_moe_out     [n][n_embd]             the experts' weighted sum
  *   l_out           [n][n_embd]             residual stream after the layer
+ * (a model with a shared expert adds ffn_shexp_out [n][n_embd] before
+ * l_out; deepseek2: Kcur and Vcur are kv_compressed [n][kv_lora_rank +
+ * rope dims], the normed latent and the RoPE key as cached, kqv_out is
+ * [n][n_head*value_length], and a leading dense layer has ffn_out
+ * [n][n_embd] instead of ffn_moe_logits and ffn_moe_out)
  * then, at layer -1 and only when the call asked for logits, for the rows
  * whose logits it returns:
  *   result_norm     [rows][n_embd]          final norm
