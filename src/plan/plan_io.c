@@ -63,7 +63,9 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
               nm_json_put(root, "device", json_string(plan->device)) &&
               nm_json_put(root, "chunk", json_integer(moe->chunk)) &&
               nm_json_put(root, "n_layer", json_integer(moe->n_layer)) &&
-              nm_json_put(root, "first_moe_layer", json_integer(plan->first_layer)) &&
+              /* only where layers without experts come first: absent is 0 */
+              (plan->first_layer == 0 ||
+               nm_json_put(root, "first_moe_layer", json_integer(plan->first_layer))) &&
               nm_json_put(root, "n_expert", json_integer(moe->n_expert));
     ok = nm_json_put(root, "tiers", tiers) && ok;
     for (int32_t i = 0; ok && i < plan->n_tiers; i++)
