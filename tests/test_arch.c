@@ -1,7 +1,8 @@
 /* End-to-end logits of olmoe, llama-with-experts (Mixtral), phimoe (under
- * --compat llama.cpp) and qwen2moe against llama.cpp's goldens in
+ * --compat llama.cpp), qwen2moe and gpt-oss against llama.cpp's goldens in
  * vectors/tiny-* (qwen2moe's in tests/vectors/, made by hand with a
- * llama.cpp of Feb 2025; tests/vectors/README.md): every
+ * llama.cpp of Feb 2025; gpt-oss's there too, from ik_llama.cpp;
+ * tests/vectors/README.md): every
  * stored position of the one-shot prefill, batches of 16 on 2 threads, split
  * prefill + one-token decodes; the experts chosen at every position of the
  * one-shot prefill where the router gap exceeds 1e-4; the 24-token greedy
@@ -10,6 +11,11 @@
  * Tolerances, max|d| / max|golden| per row (vectors README "achievable"):
  *   tiny-olmoe, F32:            1e-5;
  *   tiny-qwen2moe, F16 embd/out: 1e-5 (as tiny-phimoe, below);
+ *   tiny-gptoss, F32:           5e-4 (the F16 row: ik_llama.cpp without
+ *                               flash attention keeps V in F16, which
+ *                               moves its own tiny-qwen3moe logits by
+ *                               2.3e-4 from the F32 goldens; a window one
+ *                               key too wide gives 0.1);
  *   tiny-phimoe, F16 embd/out:  1e-5 (compat rounds the output matmul's
  *                               input to F16, as ggml does);
  *   tiny-mixtral, all F16:      1e-3 (compat rounds matmul inputs to F16,
@@ -245,6 +251,7 @@ int main(void) {
     run_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_LLAMA_CPP, 1e-5);
     run_model(NM_VECTORS_DIR, "tiny-mixtral", NM_COMPAT_LLAMA_CPP, 1e-3);
     run_model(OWN_VECTORS, "tiny-qwen2moe", NM_COMPAT_LLAMA_CPP, 1e-5);
+    run_model(OWN_VECTORS, "tiny-gptoss", NM_COMPAT_NONE, 5e-4);
     phimoe_semantics_distance();
     return nm_test_finish("test_arch");
 }

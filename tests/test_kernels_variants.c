@@ -337,10 +337,20 @@ static void check_attention(nm_kernels_isa isa, int nh, int nkv, int hd, int t) 
         q[i] = frand();
     for (int64_t i = 0; i < t * stride; i++)
         k[i] = frand(), v[i] = frand();
-    nm_attention_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, orf, s);
+    nm_attention_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, NULL, orf, s);
     CHECK(nm_kernels_force(isa));
-    nm_attention_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, o, s);
+    nm_attention_forward(q, k, v, stride, 0, t, nh, nkv, hd, 0.3f, NULL, o, s);
     check_attention_out("", isa, o, orf, nh, nkv, hd, t);
+    /* a window (the last half of the keys) and sink logits */
+    float *sinks = malloc((size_t)nh * sizeof(float));
+    for (int i = 0; i < nh; i++)
+        sinks[i] = 2 * frand();
+    const int kv0 = t / 2;
+    nm_attention_ref_forward(q, k + kv0 * stride, v + kv0 * stride, stride, t - kv0, nh, nkv, hd,
+                             0.3f, sinks, orf, s);
+    nm_attention_forward(q, k, v, stride, kv0, t, nh, nkv, hd, 0.3f, sinks, o, s);
+    check_attention_out("window+sinks ", isa, o, orf, nh, nkv, hd, t - kv0);
+    free(sinks);
     free(q);
     free(k);
     free(v);
@@ -361,10 +371,19 @@ static void check_attention_f16(nm_kernels_isa isa, int nh, int nkv, int hd, int
         q[i] = frand();
     for (int64_t i = 0; i < t * stride; i++)
         k[i] = nm_f32_to_f16(frand()), v[i] = nm_f32_to_f16(frand());
-    nm_attention_f16_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, orf, s);
+    nm_attention_f16_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, NULL, orf, s);
     CHECK(nm_kernels_force(isa));
-    nm_attention_f16_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, o, s);
+    nm_attention_f16_forward(q, k, v, stride, 0, t, nh, nkv, hd, 0.3f, NULL, o, s);
     check_attention_out("f16 ", isa, o, orf, nh, nkv, hd, t);
+    float *sinks = malloc((size_t)nh * sizeof(float));
+    for (int i = 0; i < nh; i++)
+        sinks[i] = 2 * frand();
+    const int kv0 = t / 2;
+    nm_attention_f16_ref_forward(q, k + kv0 * stride, v + kv0 * stride, stride, t - kv0, nh, nkv,
+                                 hd, 0.3f, sinks, orf, s);
+    nm_attention_f16_forward(q, k, v, stride, kv0, t, nh, nkv, hd, 0.3f, sinks, o, s);
+    check_attention_out("f16 window+sinks ", isa, o, orf, nh, nkv, hd, t - kv0);
+    free(sinks);
     free(q);
     free(k);
     free(v);

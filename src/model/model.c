@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe, &nm_arch_llama,
-                                            &nm_arch_phimoe, &nm_arch_qwen2moe};
+static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe,    &nm_arch_llama,
+                                            &nm_arch_phimoe,   &nm_arch_qwen2moe, &nm_arch_gptoss};
 
 nm_model_params nm_model_default_params(void) {
     nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE, .no_repack = false};
@@ -103,14 +103,19 @@ nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64
 
 nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const float **out,
                            nm_error *err) {
-    const int64_t want[1] = {n};
+    return nm_model_get_rows(m, name, n, 1, out, err);
+}
+
+nm_status nm_model_get_rows(const nm_model *m, const char *name, int64_t n, int64_t rows,
+                            const float **out, nm_error *err) {
+    const int64_t want[2] = {n, rows};
     const nm_gguf_tensor *t;
-    nm_status st = find_shaped(m, name, want, 1, &t, err);
+    nm_status st = find_shaped(m, name, want, rows > 1 ? 2 : 1, &t, err);
     if (st != NM_OK) return st;
     if (t->type != NM_DTYPE_F32)
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "tensor '%s' has type %s; norm weights must be f32", name,
-                         nm_dtype_name(t->type));
+                         "tensor '%s' has type %s; vectors (norms, biases, sinks) must be f32",
+                         name, nm_dtype_name(t->type));
     *out = t->data;
     return NM_OK;
 }

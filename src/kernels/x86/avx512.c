@@ -11,6 +11,7 @@
 #include "tensor/tensor.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -607,14 +608,15 @@ ALWAYS_INLINE void values_regs(int nch, const float *p, const float *v, int64_t 
 
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                                 int head_dim, float scale, float *out, float *scores) {
+                                 int head_dim, float scale, const float *sinks, float *out,
+                                 float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
         const float *qh = q + (size_t)h * head_dim;
         const int64_t kv_off = (int64_t)(h / group) * head_dim;
         scores_forward(qh, k_cache + kv_off, kv_stride, n_kv, head_dim, scale, scores);
-        nm_softmax_forward(scores, n_kv);
+        nm_softmax_sink_forward(scores, n_kv, sinks ? sinks[h] : -INFINITY);
         float *oh = out + (size_t)h * head_dim;
         const float *v = v_cache + kv_off;
         switch (head_dim) {
@@ -642,7 +644,7 @@ ALWAYS_INLINE __m512 load_h16(const uint16_t *p, __mmask16 mask) {
 void nm_attention_f16_avx512_forward(const float *q, const uint16_t *k_cache,
                                      const uint16_t *v_cache, int64_t kv_stride, int32_t n_kv,
                                      int n_head, int n_head_kv, int head_dim, float scale,
-                                     float *out, float *scores) {
+                                     const float *sinks, float *out, float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
@@ -658,7 +660,7 @@ void nm_attention_f16_avx512_forward(const float *q, const uint16_t *k_cache,
             }
             scores[t] = _mm512_reduce_add_ps(acc) * scale;
         }
-        nm_softmax_forward(scores, n_kv);
+        nm_softmax_sink_forward(scores, n_kv, sinks ? sinks[h] : -INFINITY);
         float *oh = out + (size_t)h * head_dim;
         for (int d = 0; d < head_dim; d += 16) {
             const __mmask16 m =
