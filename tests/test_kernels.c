@@ -120,8 +120,25 @@ static double rand_half(float lo, uint8_t *dst) {
     return nm_f16_to_f32(h);
 }
 
+/* An E2M1 code's value by the OCP MX spec: sign bit 3, exponent bits 2-1
+ * (bias 1), mantissa bit 0; exponent 0 is subnormal (0 or 0.5). */
+static double e2m1_value(int code) {
+    const int sign = code >> 3, exp = (code >> 1) & 3, mant = code & 1;
+    const double mag = exp == 0 ? 0.5 * mant : (1.0 + 0.5 * mant) * ldexp(1.0, exp - 1);
+    return sign ? -mag : mag;
+}
+
 static void encode_block(uint32_t type, uint8_t *blk, double *val) {
     int q[256], sc[16], mn[8];
+    if (type == NM_DTYPE_MXFP4) { /* scale 2^(e - 127), the E8M0 byte e */
+        const int e = 100 + rand_int(40);
+        blk[0] = (uint8_t)e;
+        for (int i = 0; i < 32; i++)
+            q[i] = rand_int(16), val[i] = e2m1_value(q[i]) * ldexp(1.0, e - 127);
+        for (int i = 0; i < 16; i++)
+            blk[1 + i] = (uint8_t)(q[i] | q[i + 16] << 4);
+        return;
+    }
     if (type == NM_DTYPE_Q4_0) {
         const double d = rand_half(0.01f, blk);
         for (int i = 0; i < 32; i++)
@@ -205,12 +222,39 @@ static void test_matmul_quant(uint32_t type, int64_t m, int64_t n, int64_t k) {
 static void test_matmul_quants(void) {
     const nm_kernels_isa start = nm_kernels_active();
     CHECK(nm_kernels_force(NM_KERNELS_REF));
-    const uint32_t types[4] = {NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const uint32_t types[5] = {NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K,
+                               NM_DTYPE_MXFP4};
     const int64_t shapes[][3] = {{1, 1, 256}, {3, 5, 512}, {6, 9, 2048}, {2, 3, 4352}};
-    for (int t = 0; t < 4; t++)
+    for (int t = 0; t < 5; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_matmul_quant(types[t], shapes[s][0], shapes[s][1], shapes[s][2]);
     test_matmul_quant(NM_DTYPE_Q4_0, 2, 3, 96); /* not a whole number of 256 */
+    test_matmul_quant(NM_DTYPE_MXFP4, 2, 3, 96);
+    /* the smallest scales, E8M0 0 and 1: 2^-127 and 2^-126 times E2M1 */
+    uint8_t blk[2][NM_MXFP4_BYTES] = {{0, 0x71}, {1, 0xf9}};
+    float v[2][32];
+    for (int b = 0; b < 2; b++)
+        nm_dequantize_row(NM_DTYPE_MXFP4, blk[b], v[b], 32);
+    CHECK(v[0][0] == (float)(0.5 * ldexp(1.0, -127)) && v[0][16] == (float)(6 * ldexp(1.0, -127)));
+    CHECK(v[1][0] == (float)(-0.5 * ldexp(1.0, -126)) &&
+          v[1][16] == (float)(-6 * ldexp(1.0, -126)));
+    CHECK(v[0][1] == 0.0f && v[1][1] == 0.0f);
+    /* quantising MXFP4 values gives them back (the scale may change when the
+     * block's largest code is below 8, the values cannot) */
+    for (int trial = 0; trial < 50; trial++) {
+        uint8_t a[NM_MXFP4_BYTES], b[NM_MXFP4_BYTES];
+        double val[32];
+        float x[32], y[32];
+        encode_block(NM_DTYPE_MXFP4, a, val);
+        for (int i = 0; i < 32; i++)
+            x[i] = (float)val[i];
+        CHECK_INT_EQ(nm_quantize_row(NM_DTYPE_MXFP4, x, b, 32, NULL), NM_OK);
+        nm_dequantize_row(NM_DTYPE_MXFP4, b, y, 32);
+        int same = 0; /* == : code 8, -0, comes back as +0 */
+        for (int i = 0; i < 32; i++)
+            same += x[i] == y[i];
+        CHECK_INT_EQ(same, 32);
+    }
     CHECK(nm_kernels_force(start));
 }
 

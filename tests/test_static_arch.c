@@ -1,7 +1,7 @@
 /* The static-graph modes on every architecture (olmoe, llama/Mixtral, phimoe
  * in both semantics, qwen2moe with its shared expert, which stays dense work
- * beside the routed experts, gpt-oss with expert biases and the clamped
- * SwiGLU in the cpu device's graphs and its attention on the host), with no
+ * beside the routed experts, gpt-oss with expert biases, the clamped
+ * SwiGLU and MXFP4 experts in the cpu device's graphs and its attention on the host), with no
  * architecture code in the executor: for each
  * tiny model, with capacities that hold every load, naive, tiers, grouped
  * and npumoe give dense's logits (prefill in padded chunks of 16, then
@@ -101,6 +101,7 @@ int main(void) {
     check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_NONE, dev);
     check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-qwen2moe", NM_COMPAT_NONE, dev);
     check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss", NM_COMPAT_NONE, dev);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss-mxfp4", NM_COMPAT_NONE, dev);
     nm_device_close(dev);
     return nm_test_finish("test_static_arch");
 }

@@ -37,6 +37,7 @@ typedef struct config {
     const char *arch;           /* qwen3moe | qwen2moe | gpt-oss */
     const char *type_name;      /* f32 | f16 | bf16 */
     const char *embd_type_name; /* of token_embd and output; NULL: type_name */
+    const char *exps_type_name; /* of the expert stacks; NULL: type_name */
     int64_t tied;               /* flag: 0 or 1 */
     const char *vocab_path, *extract_path, *out_path, *name;
     int64_t help;
@@ -82,6 +83,9 @@ static const option options[] = {
      "vocabulary size when there is no --vocab (default 256, no tokenizer keys)"},
     {"--type", OPT_STR, FIELD(type_name), 0, 0, "f32|f16|bf16",
      "type of the matrices; norms and the router stay f32 (default f32)"},
+    {"--experts-type", OPT_STR, FIELD(exps_type_name), 0, 0, "f32|f16|bf16|mxfp4",
+     "type of the expert matrices (default: --type); mxfp4 as ggml's reference quantiser "
+     "rounds"},
     {"--embd-type", OPT_STR, FIELD(embd_type_name), 0, 0, "f32|f16|bf16",
      "type of token_embd and output.weight (default: --type)"},
     {"--tied", OPT_FLAG, FIELD(tied), 0, 0, NULL, "no output.weight (output tied to token_embd)"},
@@ -162,7 +166,9 @@ static bool was_seen(const bool seen[N_OPTIONS], const char *name) {
 }
 
 static int parse_type(const char *name, const char *flag, uint32_t *type) {
-    if (strcmp(name, "f32") == 0)
+    if (strcmp(flag, "--experts-type") == 0 && strcmp(name, "mxfp4") == 0)
+        *type = NM_DTYPE_MXFP4;
+    else if (strcmp(name, "f32") == 0)
         *type = NM_DTYPE_F32;
     else if (strcmp(name, "f16") == 0)
         *type = NM_DTYPE_F16;
@@ -177,7 +183,7 @@ static int parse_type(const char *name, const char *flag, uint32_t *type) {
 
 /* Cross-option rules; returns 0 or 1 after printing one line. */
 static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *type,
-                        uint32_t *embd_type) {
+                        uint32_t *embd_type, uint32_t *exps_type) {
     if (!c->out_path) {
         fprintf(stderr, PROG ": no output file (-o OUT)\n");
         return 1;
@@ -211,8 +217,14 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
     }
     if (parse_type(c->type_name, "--type", type) != 0) return 1;
     if (parse_type(c->embd_type_name ? c->embd_type_name : c->type_name, "--embd-type",
-                   embd_type) != 0)
+                   embd_type) != 0 ||
+        parse_type(c->exps_type_name ? c->exps_type_name : c->type_name, "--experts-type",
+                   exps_type) != 0)
         return 1;
+    if (*exps_type == NM_DTYPE_MXFP4 && (c->d_model % 32 != 0 || c->n_ff % 32 != 0)) {
+        fprintf(stderr, PROG ": --experts-type mxfp4 needs --d-model and --ffn multiples of 32\n");
+        return 1;
+    }
     if (c->n_head % c->n_head_kv != 0) {
         fprintf(stderr, PROG ": --heads %lld is not a multiple of --kv-heads %lld\n",
                 (long long)c->n_head, (long long)c->n_head_kv);
@@ -316,6 +328,7 @@ typedef struct gen {
     const config *c;
     uint32_t type;      /* of the matrices */
     uint32_t embd_type; /* of token_embd and output.weight */
+    uint32_t exps_type; /* of the expert stacks */
     int64_t n_vocab;
     double *u; /* [d_model], unit length: the direction all embeddings share */
     nm_gguf_writer *w;
@@ -389,6 +402,11 @@ static nm_status add_weight(gen *g, const char *name, uint32_t type, init_kind k
     if (st == NM_OK) {
         if (type == NM_DTYPE_F32) {
             memcpy(bytes, x, n_bytes);
+        } else if (type == NM_DTYPE_MXFP4) { /* ggml's reference rounding */
+            nm_error err = {0};
+            for (size_t row = 0; row < n / (size_t)ne0 && st == NM_OK; row++)
+                st = nm_quantize_row(NM_DTYPE_MXFP4, x + row * (size_t)ne0, bytes + row * row_bytes,
+                                     ne0, &err);
         } else {
             uint16_t *h = (uint16_t *)bytes;
             for (size_t i = 0; i < n; i++) {
@@ -406,7 +424,7 @@ static nm_status add_tensors(gen *g) {
     const config *c = g->c;
     int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
     int64_t E = c->n_expert, ff = c->n_ff, sff = c->n_ff_shexp;
-    uint32_t t = g->type, f32 = NM_DTYPE_F32;
+    uint32_t t = g->type, te = g->exps_type, f32 = NM_DTYPE_F32;
     const bool qwen2 = strcmp(c->arch, "qwen2moe") == 0, gptoss = strcmp(c->arch, "gpt-oss") == 0;
     nm_status st =
         add_weight(g, "token_embd.weight", g->embd_type, INIT_EMBEDDING, 0, 2, d, g->n_vocab, 1);
@@ -429,9 +447,9 @@ static nm_status add_tensors(gen *g) {
             {"attn_k_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1},
             {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
             {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_gate_exps.weight", te, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_down_exps.weight", te, INIT_MATRIX, 3, ff, d, E},
+            {"ffn_up_exps.weight", te, INIT_MATRIX, 3, d, ff, E},
         };
         /* Qwen2-MoE: q/k/v biases, no q/k norms, the shared expert and its
          * one-row gate (HF's shared_expert_gate, [1][d], F32 as the converter
@@ -447,9 +465,9 @@ static nm_status add_tensors(gen *g) {
             {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1},
             {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1},
             {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_gate_exps.weight", te, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_down_exps.weight", te, INIT_MATRIX, 3, ff, d, E},
+            {"ffn_up_exps.weight", te, INIT_MATRIX, 3, d, ff, E},
             {"ffn_gate_inp_shexp.weight", f32, INIT_MATRIX, 2, d, 1, 1},
             {"ffn_gate_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1},
             {"ffn_up_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1},
@@ -473,11 +491,11 @@ static nm_status add_tensors(gen *g) {
             {"ffn_gate_inp.bias", f32, INIT_UNIT, 1, E, 1, 1},
             {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1},
             {"ffn_gate_exps.bias", f32, INIT_BIAS_WIDE, 2, ff, E, 1},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_gate_exps.weight", te, INIT_MATRIX, 3, d, ff, E},
             {"ffn_down_exps.bias", f32, INIT_BIAS, 2, d, E, 1},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E},
+            {"ffn_down_exps.weight", te, INIT_MATRIX, 3, ff, d, E},
             {"ffn_up_exps.bias", f32, INIT_BIAS_WIDE, 2, ff, E, 1},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E},
+            {"ffn_up_exps.weight", te, INIT_MATRIX, 3, d, ff, E},
         };
         const part *parts = qwen2 ? qwen2_parts : gptoss ? gptoss_parts : qwen3_parts;
         const size_t n_parts = qwen2    ? sizeof qwen2_parts / sizeof qwen2_parts[0]
@@ -593,10 +611,14 @@ static int64_t param_count(const config *c, int64_t n_vocab) {
     return n_vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * per_layer;
 }
 
-static int make_model(const config *c, uint32_t type, uint32_t embd_type) {
+static int make_model(const config *c, uint32_t type, uint32_t embd_type, uint32_t exps_type) {
     nm_error err = {0};
     nm_gguf *vocab = NULL;
-    gen g = {.c = c, .type = type, .embd_type = embd_type, .n_vocab = c->n_vocab};
+    gen g = {.c = c,
+             .type = type,
+             .embd_type = embd_type,
+             .exps_type = exps_type,
+             .n_vocab = c->n_vocab};
     if (c->vocab_path) {
         const nm_gguf_value *tokens;
         if (nm_gguf_open(c->vocab_path, &vocab, &err) != NM_OK) {
@@ -708,7 +730,7 @@ int main(int argc, char **argv) {
         print_help(stdout);
         return 0;
     }
-    uint32_t type = NM_DTYPE_F32, embd_type = NM_DTYPE_F32;
-    if (check_config(&c, seen, &type, &embd_type) != 0) return 1;
-    return c.extract_path ? extract_vocab(&c) : make_model(&c, type, embd_type);
+    uint32_t type = NM_DTYPE_F32, embd_type = NM_DTYPE_F32, exps_type = NM_DTYPE_F32;
+    if (check_config(&c, seen, &type, &embd_type, &exps_type) != 0) return 1;
+    return c.extract_path ? extract_vocab(&c) : make_model(&c, type, embd_type, exps_type);
 }

@@ -79,7 +79,7 @@ static nm_status check_computable(const nm_gguf_tensor *t, const char *name, nm_
     if (!nm_dtype_is_supported(t->type))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "tensor '%s' has type %s, which npumoe cannot compute with yet "
-                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K)",
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4)",
                          name, nm_dtype_name(t->type));
     return NM_OK;
 }

@@ -242,9 +242,26 @@ ALWAYS_INLINE void dequant_q6_k(const uint8_t *blk, float *dst) {
     }
 }
 
+/* One MXFP4 block: the nibbles index a table of the 16 values as floats
+ * (vpermps), times the block's power of two: d * (float)v, as the scalar
+ * code rounds it (exactly: a small integer times a power of two). */
+ALWAYS_INLINE void dequant_mxfp4(const uint8_t *blk, float *dst) {
+    const __m512 values =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)nm_mxfp4_values)));
+    const __m512 d = _mm512_set1_ps(nm_e8m0_half_to_f32(blk[0]));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 1)));
+    const __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0f)), hi = _mm512_srli_epi32(q, 4);
+    _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_permutexvar_ps(lo, values)));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(hi, values)));
+}
+
 /* n (<= QCHUNK, whole blocks) values of a quantised row from src. */
 ALWAYS_INLINE void dequant_chunk(uint32_t type, const uint8_t *src, float *dst, int64_t n) {
     switch (type) {
+    case NM_DTYPE_MXFP4:
+        for (int64_t b = 0; b < n / NM_MXFP4_BLOCK; b++)
+            dequant_mxfp4(src + b * NM_MXFP4_BYTES, dst + b * NM_MXFP4_BLOCK);
+        return;
     case NM_DTYPE_Q4_0:
         for (int64_t b = 0; b < n / NM_Q4_0_BLOCK; b++)
             dequant_q4_0(src + b * NM_Q4_0_BYTES, dst + b * NM_Q4_0_BLOCK);
@@ -272,6 +289,10 @@ void nm_dequantize_avx512_row(uint32_t type, const void *src, float *dst, int64_
     case NM_DTYPE_Q4_0:
         NM_ASSERT(n % NM_Q4_0_BLOCK == 0);
         dequant_row(NM_DTYPE_Q4_0, src, dst, n);
+        return;
+    case NM_DTYPE_MXFP4:
+        NM_ASSERT(n % NM_MXFP4_BLOCK == 0);
+        dequant_row(NM_DTYPE_MXFP4, src, dst, n);
         return;
     case NM_DTYPE_Q4_K:
         NM_ASSERT(n % NM_QK_K == 0);
