@@ -302,6 +302,12 @@ void nm_model_describe(const nm_model *model, void *file) {
     fprintf(f, "rope:                %s, base %g, %d dims%s, attn factor %g\n",
             hp->rope == NM_ROPE_NEOX ? "neox" : "norm", hp->rope_freq_base, hp->n_rot,
             model->rope_factors_short ? ", long/short factors" : "", hp->rope_attn_factor);
+    if (hp->rope_scaled)
+        fprintf(f, "rope scaling:        %s, factor %g over %d positions\n",
+                hp->rope_yarn.ext_factor != 0.0f ? "yarn" : "linear",
+                1.0 / (double)hp->rope_yarn.freq_scale, hp->n_ctx_orig);
+    if (hp->n_swa > 0)
+        fprintf(f, "attention:           sinks, a window of %d keys on even layers\n", hp->n_swa);
     fprintf(f, "norm:                %s, eps %g\n", hp->norm == NM_NORM_RMS ? "rms" : "layer",
             hp->rms_eps);
     fprintf(f, "semantics:           %s\n",
