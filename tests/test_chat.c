@@ -1,5 +1,7 @@
 /* Chat templates: the real templates of Qwen3 (qwen3-vocab.gguf) and
- * Phi-3.5-MoE (llama2-vocab.gguf, tiny-phimoe) are recognised; a file
+ * Phi-3.5-MoE (llama2-vocab.gguf, tiny-phimoe), and one with harmony's
+ * markers, are recognised (harmony renders the strings ik_llama.cpp's
+ * llama_chat_apply_template gives); a file
  * without one, and one with a template npumoe does not know, are errors
  * that name the fallback; each format renders exactly the text its template
  * writes (strings written out from the templates); and the rendered
@@ -152,28 +154,42 @@ static void check_public_template(void) {
     nm_model_free(model);
 }
 
-static void check_unknown_template(void) {
+/* nm_chat_detect on an in-memory file whose only key is the template. */
+static nm_status detect_template(const char *tmpl, nm_chat_format *f, nm_error *err) {
+    nm_status st = NM_ERR_NOMEM;
     nm_gguf_writer *w = nm_gguf_writer_new();
-    CHECK(w != NULL);
-    if (!w) return;
-    CHECK_INT_EQ(nm_gguf_writer_set_str(w, "tokenizer.chat_template",
-                                        "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"),
-                 NM_OK);
     uint8_t *mem = NULL;
     size_t n = 0;
-    nm_error err = {0};
-    CHECK_INT_EQ(nm_gguf_writer_to_memory(w, &mem, &n, &err), NM_OK);
     nm_gguf *g = NULL;
-    if (mem) CHECK_INT_EQ(nm_gguf_open_memory(mem, n, &g, &err), NM_OK);
-    if (g) {
-        nm_chat_format f;
-        CHECK_INT_EQ(nm_chat_detect(g, &f, &err), NM_ERR_UNSUPPORTED);
-        printf("unknown template: %s\n", err.msg);
-        CHECK(strstr(err.msg, "--chat-template chatml|phi3|mistral") != NULL);
-        nm_gguf_close(g);
-    }
+    if (w && nm_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl) == NM_OK &&
+        nm_gguf_writer_to_memory(w, &mem, &n, err) == NM_OK &&
+        nm_gguf_open_memory(mem, n, &g, err) == NM_OK)
+        st = nm_chat_detect(g, f, err);
+    nm_gguf_close(g);
     nm_free(mem);
     nm_gguf_writer_free(w);
+    return st;
+}
+
+/* A template with harmony's <|start|> and <|channel|> (a piece of
+ * gpt-oss's) is recognised as harmony. */
+static void check_harmony_detect(void) {
+    nm_chat_format f = NM_CHAT_COUNT;
+    nm_error err = {0};
+    CHECK_INT_EQ(
+        detect_template("{{- \"<|start|>assistant<|channel|>final<|message|>\" }}", &f, &err),
+        NM_OK);
+    CHECK_INT_EQ(f, NM_CHAT_HARMONY);
+}
+
+static void check_unknown_template(void) {
+    nm_chat_format f;
+    nm_error err = {0};
+    CHECK_INT_EQ(
+        detect_template("{% for m in messages %}<<{{ m.content }}>>{% endfor %}", &f, &err),
+        NM_ERR_UNSUPPORTED);
+    printf("unknown template: %s\n", err.msg);
+    CHECK(strstr(err.msg, "--chat-template chatml|phi3|mistral|harmony") != NULL);
 }
 
 int main(void) {
@@ -194,6 +210,16 @@ int main(void) {
                  "<|system|>\nBe brief.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\n");
     check_render(NM_CHAT_MISTRAL, NULL, "[INST] Hi there [/INST]");
     check_render(NM_CHAT_MISTRAL, "Be brief.", "[INST] Be brief.\n\nHi there [/INST]");
+    /* harmony: the strings ik_llama.cpp's llama_chat_apply_template gives */
+    check_render(NM_CHAT_HARMONY, NULL,
+                 "<|start|>user<|message|>Hi there<|end|><|start|>assistant");
+    check_render(NM_CHAT_HARMONY, "Be brief.",
+                 "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi "
+                 "there<|end|><|start|>assistant");
+    check_render(NM_CHAT_HARMONY, "",
+                 "<|start|>system<|message|><|end|><|start|>user<|message|>Hi "
+                 "there<|end|><|start|>assistant");
+    check_harmony_detect();
 
     nm_chat_format f;
     nm_error err = {0};
@@ -212,6 +238,15 @@ int main(void) {
     check_turns(NM_CHAT_PHI3, true,
                 "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n"
                 "<|user|>\nAnd?<|end|>\n<|assistant|>\n");
+    check_turns(NM_CHAT_HARMONY, true,
+                "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi<|end|>"
+                "<|start|>assistant<|message|>Hello.<|return|><|start|>user<|message|>And?<|end|>"
+                "<|start|>assistant");
+    check_turns(NM_CHAT_HARMONY, false,
+                "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi<|end|>"
+                "<|start|>assistant<|message|>Hello.<|return|><|start|>user<|message|>And?<|end|>");
+    CHECK_INT_EQ(nm_chat_format_parse("gpt-oss", &f, &err), NM_OK);
+    CHECK_INT_EQ(f, NM_CHAT_HARMONY);
     check_turns(NM_CHAT_MISTRAL, true,
                 "[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] And? [/INST]");
     check_public_template();
