@@ -168,7 +168,8 @@ typedef struct nm_chat_message {
 
 /* Renders a conversation as the model's chat template does (tmpl NULL: the
  * file's tokenizer.chat_template, recognised as one of the formats below) or
- * as a named format: "chatml" (alias "qwen3"), "phi3", "mistral", "deepseek2". A system
+ * as a named format: "chatml" (alias "qwen3"), "phi3", "mistral", "deepseek2", "harmony"
+ * (alias "gpt-oss"; llama.cpp's built-in rendering of it). A system
  * message may come first; then user and assistant messages, the assistant
  * ones being earlier answers. add_generation_prompt appends what opens the
  * assistant's answer. BOS is not part of the text (nm_tokenize adds it).

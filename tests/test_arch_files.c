@@ -4,7 +4,9 @@
  * of the RoPE factors, fused q/k/v, the old per-expert Mixtral layout, a
  * bad attention factor, weights of a type npumoe cannot compute with,
  * qwen2moe without a shared-expert tensor or a v bias, or with a shared
- * width that is 0 or not the tensors'). The
+ * width that is 0 or not the tensors'; gpt-oss without its window, sinks,
+ * router or expert bias or FFN norm, with a window of 0, an unknown or
+ * non-string RoPE scaling type, a NaN scaling factor, or F16 sinks). The
  * copies are written to the build folder. */
 #include "harness.h"
 
@@ -13,6 +15,7 @@
 #include "npumoe.h"
 #include "tensor/tensor.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,5 +159,29 @@ int main(void) {
     /* without the key, the shared width is feed_forward_length (48 here) */
     expect_refused(q2, &(change){.key = "qwen2moe.expert_shared_feed_forward_length"},
                    NM_ERR_FORMAT, "expected {16, 48}", "qwen2moe without the shared width key");
+    const char *go = NM_SOURCE_DIR "/tests/vectors/tiny-gptoss";
+    expect_refused(go, &(change){.key = "gpt-oss.attention.sliding_window"}, NM_ERR_NOT_FOUND,
+                   "sliding_window", "gpt-oss without its window");
+    u32.v.u64 = 0;
+    expect_refused(go, &(change){.key = "gpt-oss.attention.sliding_window", .value = &u32},
+                   NM_ERR_FORMAT, "sliding_window = 0", "gpt-oss with a window of 0");
+    expect_refused(go, &(change){.drop_tensor = "blk.2.attn_sinks.weight"}, NM_ERR_NOT_FOUND,
+                   "blk.2.attn_sinks.weight", "gpt-oss without sinks");
+    expect_refused(go, &(change){.drop_tensor = "blk.1.ffn_gate_inp.bias"}, NM_ERR_NOT_FOUND,
+                   "blk.1.ffn_gate_inp.bias", "gpt-oss without a router bias");
+    expect_refused(go, &(change){.drop_tensor = "blk.0.ffn_down_exps.bias"}, NM_ERR_NOT_FOUND,
+                   "blk.0.ffn_down_exps.bias", "gpt-oss without a down bias");
+    expect_refused(go, &(change){.drop_tensor = "blk.0.post_attention_norm.weight"},
+                   NM_ERR_NOT_FOUND, "post_attention_norm", "gpt-oss without its ffn norm");
+    const nm_gguf_value rope_type = {.type = NM_GGUF_STRING, .v.str = {"ntk", 3}};
+    expect_refused(go, &(change){.key = "gpt-oss.rope.scaling.type", .value = &rope_type},
+                   NM_ERR_UNSUPPORTED, "'ntk'", "gpt-oss with an unknown rope scaling");
+    expect_refused(go, &(change){.key = "gpt-oss.rope.scaling.type", .value = &u32}, NM_ERR_FORMAT,
+                   "rope.scaling.type", "gpt-oss with a numeric rope scaling type");
+    f32.v.f64 = NAN;
+    expect_refused(go, &(change){.key = "gpt-oss.rope.scaling.factor", .value = &f32},
+                   NM_ERR_FORMAT, "rope.scaling.factor", "gpt-oss with a NaN scaling factor");
+    expect_refused(go, &(change){.retype = "blk.0.attn_sinks.weight", .retype_to = NM_DTYPE_F16},
+                   NM_ERR_UNSUPPORTED, "attn_sinks.weight' has type f16", "gpt-oss with F16 sinks");
     return nm_test_finish("test_arch_files");
 }

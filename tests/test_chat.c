@@ -1,5 +1,7 @@
 /* Chat templates: the real templates of Qwen3 (qwen3-vocab.gguf) and
- * Phi-3.5-MoE (llama2-vocab.gguf, tiny-phimoe) are recognised; a file
+ * Phi-3.5-MoE (llama2-vocab.gguf, tiny-phimoe), and one with harmony's
+ * markers, are recognised (harmony renders the strings ik_llama.cpp's
+ * llama_chat_apply_template gives); a file
  * without one, and one with a template npumoe does not know, are errors
  * that name the fallback; each format renders exactly the text its template
  * writes (strings written out from the templates); and the rendered
@@ -152,6 +154,34 @@ static void check_public_template(void) {
     nm_model_free(model);
 }
 
+/* nm_chat_detect on an in-memory file whose only key is the template. */
+static nm_status detect_template(const char *tmpl, nm_chat_format *f, nm_error *err) {
+    nm_status st = NM_ERR_NOMEM;
+    nm_gguf_writer *w = nm_gguf_writer_new();
+    uint8_t *mem = NULL;
+    size_t n = 0;
+    nm_gguf *g = NULL;
+    if (w && nm_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl) == NM_OK &&
+        nm_gguf_writer_to_memory(w, &mem, &n, err) == NM_OK &&
+        nm_gguf_open_memory(mem, n, &g, err) == NM_OK)
+        st = nm_chat_detect(g, f, err);
+    nm_gguf_close(g);
+    nm_free(mem);
+    nm_gguf_writer_free(w);
+    return st;
+}
+
+/* A template with harmony's <|start|> and <|channel|> (a piece of
+ * gpt-oss's) is recognised as harmony. */
+static void check_harmony_detect(void) {
+    nm_chat_format f = NM_CHAT_COUNT;
+    nm_error err = {0};
+    CHECK_INT_EQ(
+        detect_template("{{- \"<|start|>assistant<|channel|>final<|message|>\" }}", &f, &err),
+        NM_OK);
+    CHECK_INT_EQ(f, NM_CHAT_HARMONY);
+}
+
 /* DeepSeek-V2-Chat's template (from its tokenizer_config.json) is
  * recognised by the line llama.cpp recognises it by. */
 static void check_deepseek2_detect(void) {
@@ -162,46 +192,22 @@ static void check_deepseek2_detect(void) {
         "%}{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == "
         "'system' %}{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}{% if "
         "add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
-    nm_gguf_writer *w = nm_gguf_writer_new();
-    uint8_t *mem = NULL;
-    size_t n = 0;
-    nm_error err = {0};
-    CHECK(w && nm_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl) == NM_OK);
-    CHECK(w && nm_gguf_writer_to_memory(w, &mem, &n, &err) == NM_OK);
-    nm_gguf *g = NULL;
-    if (mem) CHECK_INT_EQ(nm_gguf_open_memory(mem, n, &g, &err), NM_OK);
     nm_chat_format f = NM_CHAT_COUNT;
-    if (g) CHECK_INT_EQ(nm_chat_detect(g, &f, &err), NM_OK);
+    nm_error err = {0};
+    CHECK_INT_EQ(detect_template(tmpl, &f, &err), NM_OK);
     CHECK_INT_EQ(f, NM_CHAT_DEEPSEEK2);
     CHECK_INT_EQ(nm_chat_format_parse("deepseek2", &f, &err), NM_OK);
     CHECK_INT_EQ(f, NM_CHAT_DEEPSEEK2);
-    nm_gguf_close(g);
-    nm_free(mem);
-    nm_gguf_writer_free(w);
 }
 
 static void check_unknown_template(void) {
-    nm_gguf_writer *w = nm_gguf_writer_new();
-    CHECK(w != NULL);
-    if (!w) return;
-    CHECK_INT_EQ(nm_gguf_writer_set_str(w, "tokenizer.chat_template",
-                                        "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"),
-                 NM_OK);
-    uint8_t *mem = NULL;
-    size_t n = 0;
+    nm_chat_format f;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_gguf_writer_to_memory(w, &mem, &n, &err), NM_OK);
-    nm_gguf *g = NULL;
-    if (mem) CHECK_INT_EQ(nm_gguf_open_memory(mem, n, &g, &err), NM_OK);
-    if (g) {
-        nm_chat_format f;
-        CHECK_INT_EQ(nm_chat_detect(g, &f, &err), NM_ERR_UNSUPPORTED);
-        printf("unknown template: %s\n", err.msg);
-        CHECK(strstr(err.msg, "--chat-template chatml|phi3|mistral|deepseek2") != NULL);
-        nm_gguf_close(g);
-    }
-    nm_free(mem);
-    nm_gguf_writer_free(w);
+    CHECK_INT_EQ(
+        detect_template("{% for m in messages %}<<{{ m.content }}>>{% endfor %}", &f, &err),
+        NM_ERR_UNSUPPORTED);
+    printf("unknown template: %s\n", err.msg);
+    CHECK(strstr(err.msg, "--chat-template chatml|phi3|mistral|deepseek2|harmony") != NULL);
 }
 
 int main(void) {
@@ -225,6 +231,16 @@ int main(void) {
     check_render(NM_CHAT_DEEPSEEK2, NULL, "User: Hi there\n\nAssistant:");
     check_render(NM_CHAT_DEEPSEEK2, "Be brief.", "Be brief.\n\nUser: Hi there\n\nAssistant:");
     check_deepseek2_detect();
+    /* harmony: the strings ik_llama.cpp's llama_chat_apply_template gives */
+    check_render(NM_CHAT_HARMONY, NULL,
+                 "<|start|>user<|message|>Hi there<|end|><|start|>assistant");
+    check_render(NM_CHAT_HARMONY, "Be brief.",
+                 "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi "
+                 "there<|end|><|start|>assistant");
+    check_render(NM_CHAT_HARMONY, "",
+                 "<|start|>system<|message|><|end|><|start|>user<|message|>Hi "
+                 "there<|end|><|start|>assistant");
+    check_harmony_detect();
 
     nm_chat_format f;
     nm_error err = {0};
@@ -243,16 +259,17 @@ int main(void) {
     check_turns(NM_CHAT_PHI3, true,
                 "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n"
                 "<|user|>\nAnd?<|end|>\n<|assistant|>\n");
+    check_turns(NM_CHAT_HARMONY, true,
+                "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi<|end|>"
+                "<|start|>assistant<|message|>Hello.<|return|><|start|>user<|message|>And?<|end|>"
+                "<|start|>assistant");
+    check_turns(NM_CHAT_HARMONY, false,
+                "<|start|>system<|message|>Be brief.<|end|><|start|>user<|message|>Hi<|end|>"
+                "<|start|>assistant<|message|>Hello.<|return|><|start|>user<|message|>And?<|end|>");
+    CHECK_INT_EQ(nm_chat_format_parse("gpt-oss", &f, &err), NM_OK);
+    CHECK_INT_EQ(f, NM_CHAT_HARMONY);
     check_turns(NM_CHAT_MISTRAL, true,
                 "[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] And? [/INST]");
-    /* written out from DeepSeek-V2-Chat's template; the eos is U+FF5C
-     * "end" U+2581 "of" U+2581 "sentence" U+FF5C between < > */
-    check_turns(NM_CHAT_DEEPSEEK2, true,
-                "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<\xef\xbd\x9c"
-                "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>User: And?\n\nAssistant:");
-    check_turns(NM_CHAT_DEEPSEEK2, false,
-                "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<\xef\xbd\x9c"
-                "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>User: And?\n\n");
     check_public_template();
 
     check_prompt("tiny-phimoe", NM_CHAT_PHI3);

@@ -490,6 +490,25 @@ static void check_supports(nm_device *dev, const nm_expert_weights *tiny, nm_poo
         nm_test_experts_free(&x);
     }
     CHECK(!nm_device_supports(dev, NM_DTYPE_Q2_K, NM_GRAPH_FFN));
+    /* gpt-oss's expert forms: a device whose ffn_features lack them refuses
+     * such experts, naming the form */
+    {
+        nm_device_ops ops = *dev->ops;
+        ops.ffn_features = 0;
+        const nm_device bare = {.ops = &ops, .ctx = dev->ctx};
+        nm_expert_weights biased = *tiny, oai = *tiny;
+        const float zeros[4096] = {0};
+        biased.down_b = zeros;
+        oai.glu = NM_GLU_SWIGLU_OAI;
+        nm_error why = {0};
+        CHECK_INT_EQ(nm_device_check_ffn(&bare, tiny, 1, &why), NM_OK);
+        CHECK_INT_EQ(nm_device_check_ffn(&bare, &biased, 1, &why), NM_ERR_UNSUPPORTED);
+        CHECK(strstr(why.msg, "expert biases") != NULL);
+        CHECK_INT_EQ(nm_device_check_ffn(&bare, &oai, 1, &why), NM_ERR_UNSUPPORTED);
+        CHECK(strstr(why.msg, "clamped SwiGLU") != NULL);
+        CHECK_INT_EQ(nm_device_check_ffn(dev, &biased, 1, &why),
+                     (dev->ops->ffn_features & NM_FFN_F_BIAS) ? NM_OK : NM_ERR_UNSUPPORTED);
+    }
     nm_expert_weights w = *tiny;
     w.down.type = NM_DTYPE_Q2_K;
     nm_error err = {0};
@@ -593,7 +612,7 @@ int main(void) {
             nm_device *dev = NULL;
             CHECK_INT_EQ(
                 nm_device_open(&(nm_device_params){.name = device_names[d], .n_threads = n_threads},
-                              &dev, &err),
+                               &dev, &err),
                 NM_OK);
             if (!dev) continue;
             char what[64];
@@ -620,9 +639,9 @@ int main(void) {
         }
         nm_device *dev = NULL;
         nm_pool *host = NULL;
-        CHECK_INT_EQ(
-            nm_device_open(&(nm_device_params){.name = device_names[d], .n_threads = 2}, &dev, &err),
-            NM_OK);
+        CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = device_names[d], .n_threads = 2},
+                                    &dev, &err),
+                     NM_OK);
         CHECK_INT_EQ(nm_pool_new(2, &host, &err), NM_OK);
         if (dev && host) {
             check_async(dev, &model->layers[0].experts);

@@ -120,8 +120,25 @@ static double rand_half(float lo, uint8_t *dst) {
     return nm_f16_to_f32(h);
 }
 
+/* An E2M1 code's value by the OCP MX spec: sign bit 3, exponent bits 2-1
+ * (bias 1), mantissa bit 0; exponent 0 is subnormal (0 or 0.5). */
+static double e2m1_value(int code) {
+    const int sign = code >> 3, exp = (code >> 1) & 3, mant = code & 1;
+    const double mag = exp == 0 ? 0.5 * mant : (1.0 + 0.5 * mant) * ldexp(1.0, exp - 1);
+    return sign ? -mag : mag;
+}
+
 static void encode_block(uint32_t type, uint8_t *blk, double *val) {
     int q[256], sc[16], mn[8];
+    if (type == NM_DTYPE_MXFP4) { /* scale 2^(e - 127), the E8M0 byte e */
+        const int e = 100 + rand_int(40);
+        blk[0] = (uint8_t)e;
+        for (int i = 0; i < 32; i++)
+            q[i] = rand_int(16), val[i] = e2m1_value(q[i]) * ldexp(1.0, e - 127);
+        for (int i = 0; i < 16; i++)
+            blk[1 + i] = (uint8_t)(q[i] | q[i + 16] << 4);
+        return;
+    }
     if (type == NM_DTYPE_Q4_0) {
         const double d = rand_half(0.01f, blk);
         for (int i = 0; i < 32; i++)
@@ -205,12 +222,39 @@ static void test_matmul_quant(uint32_t type, int64_t m, int64_t n, int64_t k) {
 static void test_matmul_quants(void) {
     const nm_kernels_isa start = nm_kernels_active();
     CHECK(nm_kernels_force(NM_KERNELS_REF));
-    const uint32_t types[4] = {NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const uint32_t types[5] = {NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K,
+                               NM_DTYPE_MXFP4};
     const int64_t shapes[][3] = {{1, 1, 256}, {3, 5, 512}, {6, 9, 2048}, {2, 3, 4352}};
-    for (int t = 0; t < 4; t++)
+    for (int t = 0; t < 5; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_matmul_quant(types[t], shapes[s][0], shapes[s][1], shapes[s][2]);
     test_matmul_quant(NM_DTYPE_Q4_0, 2, 3, 96); /* not a whole number of 256 */
+    test_matmul_quant(NM_DTYPE_MXFP4, 2, 3, 96);
+    /* the smallest scales, E8M0 0 and 1: 2^-127 and 2^-126 times E2M1 */
+    uint8_t blk[2][NM_MXFP4_BYTES] = {{0, 0x71}, {1, 0xf9}};
+    float v[2][32];
+    for (int b = 0; b < 2; b++)
+        nm_dequantize_row(NM_DTYPE_MXFP4, blk[b], v[b], 32);
+    CHECK(v[0][0] == (float)(0.5 * ldexp(1.0, -127)) && v[0][16] == (float)(6 * ldexp(1.0, -127)));
+    CHECK(v[1][0] == (float)(-0.5 * ldexp(1.0, -126)) &&
+          v[1][16] == (float)(-6 * ldexp(1.0, -126)));
+    CHECK(v[0][1] == 0.0f && v[1][1] == 0.0f);
+    /* quantising MXFP4 values gives them back (the scale may change when the
+     * block's largest code is below 8, the values cannot) */
+    for (int trial = 0; trial < 50; trial++) {
+        uint8_t a[NM_MXFP4_BYTES], b[NM_MXFP4_BYTES];
+        double val[32];
+        float x[32], y[32];
+        encode_block(NM_DTYPE_MXFP4, a, val);
+        for (int i = 0; i < 32; i++)
+            x[i] = (float)val[i];
+        CHECK_INT_EQ(nm_quantize_row(NM_DTYPE_MXFP4, x, b, 32, NULL), NM_OK);
+        nm_dequantize_row(NM_DTYPE_MXFP4, b, y, 32);
+        int same = 0; /* == : code 8, -0, comes back as +0 */
+        for (int i = 0; i < 32; i++)
+            same += x[i] == y[i];
+        CHECK_INT_EQ(same, 32);
+    }
     CHECK(nm_kernels_force(start));
 }
 
@@ -259,6 +303,88 @@ static void test_rope(void) {
         }
 }
 
+/* YaRN against a separately written double-precision form of the YaRN
+ * paper's NTK-by-parts interpolation as ggml applies it: pair i keeps its
+ * angle where it turns more than beta_fast times over the original context
+ * (ramp 1), is divided by the factor where it turns fewer than beta_slow
+ * times (ramp 0), mixes linearly between, and cos/sin grow by 1 + 0.1
+ * ln(factor). Also linear scaling (ext_factor 0). */
+static void test_rope_yarn(void) {
+    enum { NH = 2, HD = 32, NR = 32 };
+    const double base = 150000.0, factor = 32.0;
+    const int n_orig = 4096;
+    const nm_rope_yarn y = nm_rope_yarn_make(NR, n_orig, (float)base, (float)factor, 32.0f, 1.0f);
+    /* the ramp's ends: pair d turns n_orig / (2 pi base^(2d/NR)) times */
+    const double lo = floor(NR * log(n_orig / (32.0 * 2 * M_PI)) / (2 * log(base)));
+    const double hi = ceil(NR * log(n_orig / (1.0 * 2 * M_PI)) / (2 * log(base)));
+    CHECK_NEAR(y.corr_dims[0], lo, 0);
+    CHECK_NEAR(y.corr_dims[1], hi, 0);
+    CHECK(lo > 0 && hi < NR / 2 - 1); /* the ramp lies inside: all three regimes are tested */
+    for (int linear = 0; linear < 2; linear++) {
+        nm_rope_yarn yl = y;
+        if (linear) yl.ext_factor = 0.0f;
+        const int32_t positions[3] = {0, 5, 3000};
+        for (int pi = 0; pi < 3; pi++) {
+            const int32_t pos = positions[pi];
+            float v[NH * HD], orig[NH * HD];
+            for (int i = 0; i < NH * HD; i++)
+                orig[i] = v[i] = frand();
+            nm_rope_ext_forward(v, NH, HD, NR, pos, (float)base, true, NULL, 1.0f, &yl);
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < NR / 2; i++) {
+                    const double extrap = pos * pow(base, -2.0 * i / NR), interp = extrap / factor;
+                    double ramp = 1 - fmin(1, fmax(0, (i - lo) / fmax(0.001, hi - lo)));
+                    double theta = linear ? interp : interp * (1 - ramp) + extrap * ramp;
+                    double ms = linear ? 1.0 : 1.0 + 0.1 * log(factor);
+                    double x0 = orig[h * HD + i], x1 = orig[h * HD + i + NR / 2];
+                    /* float angles over 3000 positions: about 3000 * 2^-24 rad */
+                    CHECK_NEAR(v[h * HD + i], ms * (x0 * cos(theta) - x1 * sin(theta)), 1e-3);
+                    CHECK_NEAR(v[h * HD + i + NR / 2], ms * (x0 * sin(theta) + x1 * cos(theta)),
+                               1e-3);
+                }
+        }
+    }
+    /* with no scaling it is nm_rope_forward, bit for bit */
+    float a[HD], b[HD];
+    for (int i = 0; i < HD; i++)
+        a[i] = b[i] = frand();
+    nm_rope_forward(a, 1, HD, NR, 77, 1e4f, true, NULL, 1.0f);
+    nm_rope_ext_forward(b, 1, HD, NR, 77, 1e4f, true, NULL, 1.0f, NULL);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+}
+
+/* The clamped SwiGLU against its definition in double, around the limit;
+ * the softmax with a sink against the closed form. */
+static void test_glu_sink(void) {
+    enum { N = 9 };
+    const float g[N] = {-9, -7.5f, -1, 0, 0.5f, 6.9f, 7, 7.1f, 30};
+    const float u[N] = {8, -8, -7.1f, 0.3f, 7.2f, -2, 1, 100, -100};
+    float h[N];
+    nm_swiglu_oai_forward(g, u, h, N, 1.702f, 7.0f);
+    for (int i = 0; i < N; i++) {
+        const double x = fmin(g[i], 7.0), yv = fmax(fmin(u[i], 7.0), -7.0);
+        const double want = x / (1 + exp(-1.702 * x)) * (yv + 1);
+        CHECK_NEAR(h[i], want, 1e-5 * (1 + fabs(want)));
+    }
+    float x[4] = {1, 2, -1, 0.5f};
+    const float sink = 1.5f;
+    double z = exp(sink);
+    for (int i = 0; i < 4; i++)
+        z += exp(x[i]);
+    float y[4];
+    memcpy(y, x, sizeof x);
+    nm_softmax_sink_forward(y, 4, sink);
+    for (int i = 0; i < 4; i++)
+        CHECK_NEAR(y[i], exp(x[i]) / z, 1e-7);
+    /* no sink (-inf) is the plain softmax, bit for bit */
+    float p[4], q[4];
+    memcpy(p, x, sizeof x);
+    memcpy(q, x, sizeof x);
+    nm_softmax_forward(p, 4);
+    nm_softmax_sink_forward(q, 4, -INFINITY);
+    CHECK(memcmp(p, q, sizeof p) == 0);
+}
+
 static void test_attention(void) {
     /* 4 query heads share 2 kv heads of 2 dims; 3 cached positions */
     enum { NH = 4, NKV = 2, HD = 2, T = 3 };
@@ -267,27 +393,37 @@ static void test_attention(void) {
         q[i] = frand();
     for (int i = 0; i < T * NKV * HD; i++)
         k[i] = frand(), v[i] = frand();
-    nm_attention_forward(q, k, v, NKV * HD, T, NH, NKV, HD, 0.5f, out, scores);
-    for (int h = 0; h < NH; h++) {
-        const int kvh = h / (NH / NKV);
-        double w[T], sum = 0;
-        for (int t = 0; t < T; t++) {
-            double d = 0;
-            for (int j = 0; j < HD; j++)
-                d += (double)q[h * HD + j] * k[t * NKV * HD + kvh * HD + j];
-            w[t] = exp(0.5 * d);
-            sum += w[t];
+    /* every key, then a window of the last 2, each without and with sink
+     * logits (one per head, in the denominator only) */
+    const float sinks[NH] = {0.3f, -1.0f, 2.0f, 0.0f};
+    for (int kv0 = 0; kv0 < 2; kv0++)
+        for (int with_sinks = 0; with_sinks < 2; with_sinks++) {
+            nm_attention_forward(q, k, v, NKV * HD, kv0, T, NH, NKV, HD, 0.5f,
+                                 with_sinks ? sinks : NULL, out, scores);
+            for (int h = 0; h < NH; h++) {
+                const int kvh = h / (NH / NKV);
+                double w[T], sum = with_sinks ? exp((double)sinks[h]) : 0;
+                for (int t = kv0; t < T; t++) {
+                    double d = 0;
+                    for (int j = 0; j < HD; j++)
+                        d += (double)q[h * HD + j] * k[t * NKV * HD + kvh * HD + j];
+                    w[t] = exp(0.5 * d);
+                    sum += w[t];
+                }
+                for (int j = 0; j < HD; j++) {
+                    double ref = 0;
+                    for (int t = kv0; t < T; t++)
+                        ref += w[t] / sum * v[t * NKV * HD + kvh * HD + j];
+                    CHECK_NEAR(out[h * HD + j], ref, 1e-6);
+                }
+            }
         }
-        for (int j = 0; j < HD; j++) {
-            double ref = 0;
-            for (int t = 0; t < T; t++)
-                ref += w[t] / sum * v[t * NKV * HD + kvh * HD + j];
-            CHECK_NEAR(out[h * HD + j], ref, 1e-6);
-        }
-    }
     /* one position: the output is its value row */
-    nm_attention_forward(q, k, v, NKV * HD, 1, NH, NKV, HD, 0.5f, out, scores);
+    nm_attention_forward(q, k, v, NKV * HD, 0, 1, NH, NKV, HD, 0.5f, NULL, out, scores);
     CHECK(out[0] == v[0] && out[HD * 2 + 1] == v[HD + 1]);
+    /* a window of one key: that key's value row, whatever came before */
+    nm_attention_forward(q, k, v, NKV * HD, T - 1, T, NH, NKV, HD, 0.5f, NULL, out, scores);
+    CHECK(out[0] == v[(T - 1) * NKV * HD] && out[HD * 2 + 1] == v[(T - 1) * NKV * HD + HD + 1]);
 }
 
 typedef struct pool_ctx {
@@ -332,6 +468,8 @@ int main(void) {
     test_matmul_quants();
     test_elementwise();
     test_rope();
+    test_rope_yarn();
+    test_glu_sink();
     test_attention();
     test_pool();
     return nm_test_finish("test_kernels");

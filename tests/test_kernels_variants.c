@@ -73,6 +73,9 @@ static uint8_t *make_weights(uint32_t type, int64_t n, int64_t k, float *wf, siz
                     put_scale(blk, 0.001f);    /* d: times a 6-bit scale */
                     put_scale(blk + 2, 0.01f); /* dmin */
                     break;
+                case NM_DTYPE_MXFP4: /* a power of two from 2^-10 to 2^-2 */
+                    blk[0] = (uint8_t)(118 + random_byte() % 9);
+                    break;
                 default: /* Q6_K: d last */
                     put_scale(blk + NM_Q6_K_BYTES - 2, 0.0005f);
                 }
@@ -337,10 +340,20 @@ static void check_attention(nm_kernels_isa isa, int nh, int nkv, int hd, int t) 
         q[i] = frand();
     for (int64_t i = 0; i < t * stride; i++)
         k[i] = frand(), v[i] = frand();
-    nm_attention_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, orf, s);
+    nm_attention_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, NULL, orf, s);
     CHECK(nm_kernels_force(isa));
-    nm_attention_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, o, s);
+    nm_attention_forward(q, k, v, stride, 0, t, nh, nkv, hd, 0.3f, NULL, o, s);
     check_attention_out("", isa, o, orf, nh, nkv, hd, t);
+    /* a window (the last half of the keys) and sink logits */
+    float *sinks = malloc((size_t)nh * sizeof(float));
+    for (int i = 0; i < nh; i++)
+        sinks[i] = 2 * frand();
+    const int kv0 = t / 2;
+    nm_attention_ref_forward(q, k + kv0 * stride, v + kv0 * stride, stride, t - kv0, nh, nkv, hd,
+                             0.3f, sinks, orf, s);
+    nm_attention_forward(q, k, v, stride, kv0, t, nh, nkv, hd, 0.3f, sinks, o, s);
+    check_attention_out("window+sinks ", isa, o, orf, nh, nkv, hd, t - kv0);
+    free(sinks);
     free(q);
     free(k);
     free(v);
@@ -361,10 +374,19 @@ static void check_attention_f16(nm_kernels_isa isa, int nh, int nkv, int hd, int
         q[i] = frand();
     for (int64_t i = 0; i < t * stride; i++)
         k[i] = nm_f32_to_f16(frand()), v[i] = nm_f32_to_f16(frand());
-    nm_attention_f16_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, orf, s);
+    nm_attention_f16_ref_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, NULL, orf, s);
     CHECK(nm_kernels_force(isa));
-    nm_attention_f16_forward(q, k, v, stride, t, nh, nkv, hd, 0.3f, o, s);
+    nm_attention_f16_forward(q, k, v, stride, 0, t, nh, nkv, hd, 0.3f, NULL, o, s);
     check_attention_out("f16 ", isa, o, orf, nh, nkv, hd, t);
+    float *sinks = malloc((size_t)nh * sizeof(float));
+    for (int i = 0; i < nh; i++)
+        sinks[i] = 2 * frand();
+    const int kv0 = t / 2;
+    nm_attention_f16_ref_forward(q, k + kv0 * stride, v + kv0 * stride, stride, t - kv0, nh, nkv,
+                                 hd, 0.3f, sinks, orf, s);
+    nm_attention_f16_forward(q, k, v, stride, kv0, t, nh, nkv, hd, 0.3f, sinks, o, s);
+    check_attention_out("f16 window+sinks ", isa, o, orf, nh, nkv, hd, t - kv0);
+    free(sinks);
     free(q);
     free(k);
     free(v);
@@ -433,23 +455,27 @@ static bool multiplies_exactly(nm_kernels_isa isa, uint32_t type) {
         return true;
     case NM_KERNELS_AVX512BF16:
         return type != NM_DTYPE_BF16 && type != NM_DTYPE_Q8_0;
-    default:
-        return false;
+    default: /* avx512vnni and amx take MXFP4 through avx512's float path */
+        return type == NM_DTYPE_MXFP4;
     }
 }
 
 /* Rows of llama.cpp's quantised tiny models, dequantised by ggml's own
  * to_float (dequant.txt: "name type row ne0 v0 ..."; q4_0, q4_K, q5_K, q6_K
- * and q8_0 tensors), bit for bit: nm_dequantize_row, the AVX-512 row
+ * and q8_0 tensors; mxfp4 ones by ik_llama.cpp's ggml, tests/vectors/
+ * tiny-gptoss-mxfp4), bit for bit: nm_dequantize_row, the AVX-512 row
  * dequantisation, and every variant's matmul against the identity. */
 static void test_golden_dequant(void) {
-    static const char *const models[4] = {"Q8_0", "Q4_0", "Q4_K_M", "Q6_K"};
+    static const char *const models[5] = {
+        NM_VECTORS_DIR "/tiny-qwen3moe-q-Q8_0", NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_0",
+        NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M", NM_VECTORS_DIR "/tiny-qwen3moe-q-Q6_K",
+        NM_SOURCE_DIR "/tests/vectors/tiny-gptoss-mxfp4"};
     static char line[1 << 16];
     int rows_of[NM_DTYPE_COUNT] = {0}, mismatches = 0;
     float *want = malloc(4096 * sizeof(float)), *out = malloc(4096 * sizeof(float));
-    for (int mi = 0; mi < 4; mi++) {
+    for (int mi = 0; mi < 5; mi++) {
         char path[512];
-        snprintf(path, sizeof path, "%s/tiny-qwen3moe-q-%s/model.gguf", NM_VECTORS_DIR, models[mi]);
+        snprintf(path, sizeof path, "%s/model.gguf", models[mi]);
         nm_gguf *g = NULL;
         nm_error err = {0};
         if (nm_gguf_open(path, &g, &err) != NM_OK) {
@@ -457,8 +483,7 @@ static void test_golden_dequant(void) {
             CHECK(!"the quantised golden model opens");
             continue;
         }
-        snprintf(path, sizeof path, "%s/tiny-qwen3moe-q-%s/dequant.txt", NM_VECTORS_DIR,
-                 models[mi]);
+        snprintf(path, sizeof path, "%s/dequant.txt", models[mi]);
         FILE *f = fopen(path, "r");
         CHECK(f != NULL);
         while (f && fgets(line, sizeof line, f)) {
@@ -501,9 +526,11 @@ static void test_golden_dequant(void) {
     }
     free(want);
     free(out);
-    printf("golden dequantisation: %d q8_0, %d q4_0, %d q4_K, %d q5_K, %d q6_K rows; %d differ\n",
+    printf("golden dequantisation: %d q8_0, %d q4_0, %d q4_K, %d q5_K, %d q6_K, %d mxfp4 rows; "
+           "%d differ\n",
            rows_of[NM_DTYPE_Q8_0], rows_of[NM_DTYPE_Q4_0], rows_of[NM_DTYPE_Q4_K],
-           rows_of[NM_DTYPE_Q5_K], rows_of[NM_DTYPE_Q6_K], mismatches);
+           rows_of[NM_DTYPE_Q5_K], rows_of[NM_DTYPE_Q6_K], rows_of[NM_DTYPE_MXFP4], mismatches);
+    CHECK(rows_of[NM_DTYPE_MXFP4] == 18);
     CHECK(rows_of[NM_DTYPE_Q8_0] >= 20 && rows_of[NM_DTYPE_Q4_0] >= 20);
     CHECK(rows_of[NM_DTYPE_Q4_K] >= 10 && rows_of[NM_DTYPE_Q5_K] >= 4);
     CHECK(rows_of[NM_DTYPE_Q6_K] >= 20);
@@ -523,8 +550,9 @@ int main(void) {
     test_golden_dequant();
     test_names();
     const nm_kernels_isa start = nm_kernels_active();
-    const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16, NM_DTYPE_Q8_0,
-                              NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
+                              NM_DTYPE_Q8_0, NM_DTYPE_Q4_0, NM_DTYPE_Q4_K,
+                              NM_DTYPE_Q5_K, NM_DTYPE_Q6_K, NM_DTYPE_MXFP4};
     const int n_types = (int)(sizeof types / sizeof types[0]);
     /* m around the tile sizes (GEMV, up to 4 or 6 rows, a panel), n around
      * the tile widths (4, 8, 16), K from one block to very long, also past

@@ -2,7 +2,9 @@
  * in both semantics, qwen2moe with its shared expert, which stays dense work
  * beside the routed experts, deepseek2 with its shared experts, latent
  * attention and a leading dense layer, which has no plan entry and runs as
- * dense work in every mode), with no architecture code in the executor: for each
+ * dense work in every mode, gpt-oss with expert biases, the clamped SwiGLU
+ * and MXFP4 experts in the cpu device's graphs and its attention on the
+ * host), with no architecture code in the executor: for each
  * tiny model, with capacities that hold every load, naive, tiers, grouped
  * and npumoe give dense's logits (prefill in padded chunks of 16, then
  * decode steps), capacity 1 with spill too, and the routed assignments
@@ -104,6 +106,8 @@ int main(void) {
     check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-qwen2moe", NM_COMPAT_NONE, dev);
     check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2", NM_COMPAT_NONE, dev);
     check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2-qlora", NM_COMPAT_NONE, dev);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss", NM_COMPAT_NONE, dev);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss-mxfp4", NM_COMPAT_NONE, dev);
     nm_device_close(dev);
     return nm_test_finish("test_static_arch");
 }

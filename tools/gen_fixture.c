@@ -1,8 +1,8 @@
 /* nm_gen_fixture: writes tiny random-weight qwen3moe (or qwen2moe, or
- * deepseek2) GGUF models, laid out key for key and tensor for tensor as
- * llama.cpp's convert_hf_to_gguf.py writes Qwen3-MoE (Qwen2-MoE,
- * DeepSeek-V2), so that CI can run the
- * whole engine without downloading a model.
+ * deepseek2, gpt-oss) GGUF models, laid out key for key and tensor for
+ * tensor as llama.cpp's convert_hf_to_gguf.py writes Qwen3-MoE (Qwen2-MoE,
+ * DeepSeek-V2, gpt-oss), so that CI can run the whole engine without
+ * downloading a model.
  * The weights come from a seeded generator that gives the same bytes on
  * every machine, and the router is skewed the way trained routers are (a few
  * experts take most tokens, a different few in each layer). A second mode,
@@ -38,9 +38,11 @@ typedef struct config {
      * rope), leading dense layers, shared experts, YaRN, routing */
     int64_t q_lora, kv_lora, rope_dim, v_head_dim, dense_lead, dense_ffn, n_shared, yarn_factor,
         yarn_orig_ctx, expert_norm, n_group, n_group_used;
-    const char *arch;           /* qwen3moe | qwen2moe | deepseek2 */
+    int64_t window;             /* gpt-oss: attention.sliding_window */
+    const char *arch;           /* qwen3moe | qwen2moe | deepseek2 | gpt-oss */
     const char *type_name;      /* f32 | f16 | bf16 */
     const char *embd_type_name; /* of token_embd and output; NULL: type_name */
+    const char *exps_type_name; /* of the expert stacks; NULL: type_name */
     int64_t tied;               /* flag: 0 or 1 */
     const char *vocab_path, *extract_path, *out_path, *name;
     int64_t help;
@@ -73,9 +75,10 @@ static const option options[] = {
     {"--experts-used", OPT_INT, FIELD(n_expert_used), 1, 1024, "N",
      "experts per token, at most --experts (default 4)"},
     {"--ffn", OPT_INT, FIELD(n_ff), 1, 65536, "N", "expert hidden width (default 32)"},
-    {"--arch", OPT_STR, FIELD(arch), 0, 0, "qwen3moe|qwen2moe|deepseek2",
+    {"--arch", OPT_STR, FIELD(arch), 0, 0, "qwen3moe|qwen2moe|deepseek2|gpt-oss",
      "architecture (default qwen3moe); qwen2moe has q/k/v biases and a shared expert; "
-     "deepseek2 latent attention, leading dense layers and shared experts"},
+     "deepseek2 latent attention, leading dense layers and shared experts; gpt-oss attention "
+     "biases and sinks, a sliding window on even layers, YaRN RoPE, router and expert biases"},
     {"--shared-ffn", OPT_INT, FIELD(n_ff_shexp), 1, 65536, "N",
      "qwen2moe: the shared expert's hidden width (default 64)"},
     {"--q-lora", OPT_INT, FIELD(q_lora), 0, 65536, "N",
@@ -101,11 +104,16 @@ static const option options[] = {
      "deepseek2: expert_group_count, group-limited routing when > 1 (default: no key)"},
     {"--groups-used", OPT_INT, FIELD(n_group_used), 1, 256, "N",
      "deepseek2: expert_group_used_count (needs --groups)"},
+    {"--window", OPT_INT, FIELD(window), 1, 1 << 24, "N",
+     "gpt-oss: keys a sliding-window layer attends to (default 128)"},
     {"--ctx", OPT_INT, FIELD(n_ctx), 1, 1 << 24, "N", "trained context length (default 4096)"},
     {"--n-vocab", OPT_INT, FIELD(n_vocab), 1, 1 << 24, "N",
      "vocabulary size when there is no --vocab (default 256, no tokenizer keys)"},
     {"--type", OPT_STR, FIELD(type_name), 0, 0, "f32|f16|bf16",
      "type of the matrices; norms and the router stay f32 (default f32)"},
+    {"--experts-type", OPT_STR, FIELD(exps_type_name), 0, 0, "f32|f16|bf16|mxfp4",
+     "type of the expert matrices (default: --type); mxfp4 as ggml's reference quantiser "
+     "rounds"},
     {"--embd-type", OPT_STR, FIELD(embd_type_name), 0, 0, "f32|f16|bf16",
      "type of token_embd and output.weight (default: --type)"},
     {"--tied", OPT_FLAG, FIELD(tied), 0, 0, NULL, "no output.weight (output tied to token_embd)"},
@@ -120,8 +128,9 @@ static const option options[] = {
 
 static void print_help(FILE *f) {
     fprintf(f, "usage: " PROG " [options] -o OUT\n"
-               "Writes a tiny random-weight qwen3moe, qwen2moe or deepseek2 GGUF laid out as "
-               "convert_hf_to_gguf.py writes Qwen3-MoE, Qwen2-MoE or DeepSeek-V2.\n\n");
+               "Writes a tiny random-weight qwen3moe, qwen2moe, deepseek2 or gpt-oss GGUF laid "
+               "out as convert_hf_to_gguf.py writes Qwen3-MoE, Qwen2-MoE, DeepSeek-V2 or "
+               "gpt-oss.\n\n");
     for (size_t i = 0; i < N_OPTIONS; i++) {
         char left[64];
         snprintf(left, sizeof left, "%s%s%s", options[i].name, options[i].arg ? " " : "",
@@ -186,7 +195,9 @@ static bool was_seen(const bool seen[N_OPTIONS], const char *name) {
 }
 
 static int parse_type(const char *name, const char *flag, uint32_t *type) {
-    if (strcmp(name, "f32") == 0)
+    if (strcmp(flag, "--experts-type") == 0 && strcmp(name, "mxfp4") == 0)
+        *type = NM_DTYPE_MXFP4;
+    else if (strcmp(name, "f32") == 0)
         *type = NM_DTYPE_F32;
     else if (strcmp(name, "f16") == 0)
         *type = NM_DTYPE_F16;
@@ -201,7 +212,7 @@ static int parse_type(const char *name, const char *flag, uint32_t *type) {
 
 /* Cross-option rules; returns 0 or 1 after printing one line. */
 static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *type,
-                        uint32_t *embd_type) {
+                        uint32_t *embd_type, uint32_t *exps_type) {
     if (!c->out_path) {
         fprintf(stderr, PROG ": no output file (-o OUT)\n");
         return 1;
@@ -217,8 +228,9 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
         return 0;
     }
     const bool ds2 = strcmp(c->arch, "deepseek2") == 0;
-    if (strcmp(c->arch, "qwen3moe") != 0 && strcmp(c->arch, "qwen2moe") != 0 && !ds2) {
-        fprintf(stderr, PROG ": --arch '%s' is not one of qwen3moe, qwen2moe, deepseek2\n",
+    if (strcmp(c->arch, "qwen3moe") != 0 && strcmp(c->arch, "qwen2moe") != 0 && !ds2 &&
+        strcmp(c->arch, "gpt-oss") != 0) {
+        fprintf(stderr, PROG ": --arch '%s' is not one of qwen3moe, qwen2moe, deepseek2, gpt-oss\n",
                 c->arch);
         return 1;
     }
@@ -257,10 +269,24 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
         fprintf(stderr, PROG ": --shared-ffn needs --arch qwen2moe\n");
         return 1;
     }
+    if (strcmp(c->arch, "gpt-oss") != 0 && was_seen(seen, "--window")) {
+        fprintf(stderr, PROG ": --window needs --arch gpt-oss\n");
+        return 1;
+    }
+    if (strcmp(c->arch, "gpt-oss") == 0 && c->tied) {
+        fprintf(stderr, PROG ": gpt-oss files always hold output.weight (no --tied)\n");
+        return 1;
+    }
     if (parse_type(c->type_name, "--type", type) != 0) return 1;
     if (parse_type(c->embd_type_name ? c->embd_type_name : c->type_name, "--embd-type",
-                   embd_type) != 0)
+                   embd_type) != 0 ||
+        parse_type(c->exps_type_name ? c->exps_type_name : c->type_name, "--experts-type",
+                   exps_type) != 0)
         return 1;
+    if (*exps_type == NM_DTYPE_MXFP4 && (c->d_model % 32 != 0 || c->n_ff % 32 != 0)) {
+        fprintf(stderr, PROG ": --experts-type mxfp4 needs --d-model and --ffn multiples of 32\n");
+        return 1;
+    }
     if (c->n_head % c->n_head_kv != 0) {
         fprintf(stderr, PROG ": --heads %lld is not a multiple of --kv-heads %lld\n",
                 (long long)c->n_head, (long long)c->n_head_kv);
@@ -340,6 +366,10 @@ typedef enum init_kind {
     INIT_EMBEDDING, /* N(0, 1) + c u on every row, c = EMBD_SHARED sqrt(d) */
     INIT_ROUTER,    /* N(0, 1/d) + b_e u on row e */
     INIT_BIAS,      /* 0.05 N(0, 1) */
+    INIT_UNIT,      /* N(0, 1): attention sinks, the router's bias */
+    /* 3 N(0, 1): gpt-oss's gate and up biases, wide enough that some
+     * inputs of the clamped SwiGLU pass its limit of 7 */
+    INIT_BIAS_WIDE,
 } init_kind;
 
 /* Token embeddings are a lookup (one input), so N(0, 1) per element, norm
@@ -360,6 +390,7 @@ typedef struct gen {
     const config *c;
     uint32_t type;      /* of the matrices */
     uint32_t embd_type; /* of token_embd and output.weight */
+    uint32_t exps_type; /* of the expert stacks */
     int64_t n_vocab;
     double *u; /* [d_model], unit length: the direction all embeddings share */
     nm_gguf_writer *w;
@@ -373,6 +404,8 @@ static nm_status fill(const gen *g, const char *name, init_kind kind, int layer,
     double std = kind == INIT_OUTPUT      ? 2.0 / sqrt((double)d)
                  : kind == INIT_ROUTER    ? 1.0 / sqrt((double)d)
                  : kind == INIT_EMBEDDING ? 1.0
+                 : kind == INIT_UNIT      ? 1.0
+                 : kind == INIT_BIAS_WIDE ? 3.0
                                           : 0.8 / sqrt((double)ne[0]);
     for (int64_t i = 0; i < n; i++) {
         double z = rng_normal(&r);
@@ -431,6 +464,11 @@ static nm_status add_weight(gen *g, const char *name, uint32_t type, init_kind k
     if (st == NM_OK) {
         if (type == NM_DTYPE_F32) {
             memcpy(bytes, x, n_bytes);
+        } else if (type == NM_DTYPE_MXFP4) { /* ggml's reference rounding */
+            nm_error err = {0};
+            for (size_t row = 0; row < n / (size_t)ne0 && st == NM_OK; row++)
+                st = nm_quantize_row(NM_DTYPE_MXFP4, x + row * (size_t)ne0, bytes + row * row_bytes,
+                                     ne0, &err);
         } else {
             uint16_t *h = (uint16_t *)bytes;
             for (size_t i = 0; i < n; i++) {
@@ -512,8 +550,9 @@ static nm_status add_tensors(gen *g) {
     const config *c = g->c;
     int64_t d = c->d_model, q = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
     int64_t E = c->n_expert, ff = c->n_ff, sff = c->n_ff_shexp;
-    uint32_t t = g->type, f32 = NM_DTYPE_F32;
-    const bool qwen2 = strcmp(c->arch, "qwen2moe") == 0, ds2 = strcmp(c->arch, "deepseek2") == 0;
+    uint32_t t = g->type, te = g->exps_type, f32 = NM_DTYPE_F32;
+    const bool qwen2 = strcmp(c->arch, "qwen2moe") == 0, ds2 = strcmp(c->arch, "deepseek2") == 0,
+               gptoss = strcmp(c->arch, "gpt-oss") == 0;
     nm_status st =
         add_weight(g, "token_embd.weight", g->embd_type, INIT_EMBEDDING, 0, 2, d, g->n_vocab, 1);
     if (ds2) return add_deepseek2_layers(g, st);
@@ -529,9 +568,9 @@ static nm_status add_tensors(gen *g) {
             {"attn_k_norm.weight", f32, INIT_NORM, 1, c->head_dim, 1, 1, true},
             {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
             {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1, true},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E, true},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_gate_exps.weight", te, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_down_exps.weight", te, INIT_MATRIX, 3, ff, d, E, true},
+            {"ffn_up_exps.weight", te, INIT_MATRIX, 3, d, ff, E, true},
         };
         /* Qwen2-MoE: q/k/v biases, no q/k norms, the shared expert and its
          * one-row gate (HF's shared_expert_gate, [1][d], F32 as the converter
@@ -547,17 +586,42 @@ static nm_status add_tensors(gen *g) {
             {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1, true},
             {"ffn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
             {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1, true},
-            {"ffn_gate_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
-            {"ffn_down_exps.weight", t, INIT_MATRIX, 3, ff, d, E, true},
-            {"ffn_up_exps.weight", t, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_gate_exps.weight", te, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_down_exps.weight", te, INIT_MATRIX, 3, ff, d, E, true},
+            {"ffn_up_exps.weight", te, INIT_MATRIX, 3, d, ff, E, true},
             {"ffn_gate_inp_shexp.weight", f32, INIT_MATRIX, 2, d, 1, 1, true},
             {"ffn_gate_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1, true},
             {"ffn_up_shexp.weight", t, INIT_MATRIX, 2, d, sff, 1, true},
             {"ffn_down_shexp.weight", t, INIT_MATRIX, 2, sff, d, 1, true},
         };
-        const part *parts = qwen2 ? qwen2_parts : qwen3_parts;
-        const size_t n_parts = qwen2 ? sizeof qwen2_parts / sizeof qwen2_parts[0]
-                                     : sizeof qwen3_parts / sizeof qwen3_parts[0];
+        /* gpt-oss: biases on q/k/v/o, a sink logit per head, the FFN norm
+         * named post_attention_norm, the router's bias, the experts' biases
+         * ([E][ff] and [E][d]) */
+        const part gptoss_parts[] = {
+            {"attn_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"attn_q.bias", f32, INIT_BIAS, 1, q, 1, 1, true},
+            {"attn_q.weight", t, INIT_MATRIX, 2, d, q, 1, true},
+            {"attn_k.bias", f32, INIT_BIAS, 1, kv, 1, 1, true},
+            {"attn_k.weight", t, INIT_MATRIX, 2, d, kv, 1, true},
+            {"attn_v.bias", f32, INIT_BIAS, 1, kv, 1, 1, true},
+            {"attn_v.weight", t, INIT_MATRIX, 2, d, kv, 1, true},
+            {"attn_output.bias", f32, INIT_BIAS, 1, d, 1, 1, true},
+            {"attn_output.weight", t, INIT_MATRIX, 2, q, d, 1, true},
+            {"attn_sinks.weight", f32, INIT_UNIT, 1, c->n_head, 1, 1, true},
+            {"post_attention_norm.weight", f32, INIT_NORM, 1, d, 1, 1, true},
+            {"ffn_gate_inp.bias", f32, INIT_UNIT, 1, E, 1, 1, true},
+            {"ffn_gate_inp.weight", f32, INIT_ROUTER, 2, d, E, 1, true},
+            {"ffn_gate_exps.bias", f32, INIT_BIAS_WIDE, 2, ff, E, 1, true},
+            {"ffn_gate_exps.weight", te, INIT_MATRIX, 3, d, ff, E, true},
+            {"ffn_down_exps.bias", f32, INIT_BIAS, 2, d, E, 1, true},
+            {"ffn_down_exps.weight", te, INIT_MATRIX, 3, ff, d, E, true},
+            {"ffn_up_exps.bias", f32, INIT_BIAS_WIDE, 2, ff, E, 1, true},
+            {"ffn_up_exps.weight", te, INIT_MATRIX, 3, d, ff, E, true},
+        };
+        const part *parts = qwen2 ? qwen2_parts : gptoss ? gptoss_parts : qwen3_parts;
+        const size_t n_parts = qwen2    ? sizeof qwen2_parts / sizeof qwen2_parts[0]
+                               : gptoss ? sizeof gptoss_parts / sizeof gptoss_parts[0]
+                                        : sizeof qwen3_parts / sizeof qwen3_parts[0];
         st = add_parts(g, l, parts, n_parts);
     }
     if (st == NM_OK) st = add_weight(g, "output_norm.weight", f32, INIT_NORM, 0, 1, d, 1, 1);
@@ -656,43 +720,53 @@ static nm_status set_hparams(gen *g, const char *name) {
     const config *c = g->c;
     const char *arch = c->arch;
     if (strcmp(arch, "deepseek2") == 0) return set_deepseek2_hparams(g, name);
-    const bool qwen2 = strcmp(arch, "qwen2moe") == 0;
+    const bool qwen2 = strcmp(arch, "qwen2moe") == 0, gptoss = strcmp(arch, "gpt-oss") == 0;
     int64_t file_type = g->type == NM_DTYPE_F32 ? 0 : g->type == NM_DTYPE_F16 ? 1 : 32;
-    char keys[18][96];
+    char keys[20][96];
 #define KEY(i, suffix) (snprintf(keys[i], sizeof keys[i], "%s." suffix, arch), keys[i])
     /* Keys in the order convert_hf_to_gguf.py writes them for Qwen3-MoE
      * (Qwen2-MoE: no key/value_length, the shared expert's width last).
      * feed_forward_length is the dense FFN width HF configs carry
-     * (intermediate_size); MoE layers do not use it: 3 x the expert width. */
+     * (intermediate_size); MoE layers do not use it: 3 x the expert width.
+     * gpt-oss: its window and YaRN (gpt-oss-20b's rope values: base 150000,
+     * factor 32 over 4096 positions), eps 1e-5. */
     const struct {
         const char *key;
         nm_gguf_value value;
-        bool qwen3_only, qwen2_only;
+        bool qwen3_only, qwen2_only, gptoss_only;
     } kvs[] = {
-        {"general.architecture", str_value(arch), false, false},
-        {"general.type", str_value("model"), false, false},
-        {"general.name", str_value(name), false, false},
-        {KEY(0, "block_count"), u32_value(c->n_layer), false, false},
-        {KEY(1, "context_length"), u32_value(c->n_ctx), false, false},
-        {KEY(2, "embedding_length"), u32_value(c->d_model), false, false},
-        {KEY(3, "feed_forward_length"), u32_value(3 * c->n_ff), false, false},
-        {KEY(4, "attention.head_count"), u32_value(c->n_head), false, false},
-        {KEY(5, "attention.head_count_kv"), u32_value(c->n_head_kv), false, false},
-        {KEY(6, "rope.freq_base"), f32_value(1e6f), false, false},
-        {KEY(7, "attention.layer_norm_rms_epsilon"), f32_value(1e-6f), false, false},
-        {KEY(8, "expert_count"), u32_value(c->n_expert), false, false},
-        {KEY(9, "expert_used_count"), u32_value(c->n_expert_used), false, false},
-        {KEY(10, "attention.key_length"), u32_value(c->head_dim), true, false},
-        {KEY(11, "attention.value_length"), u32_value(c->head_dim), true, false},
-        {"general.file_type", u32_value(file_type), false, false},
-        {KEY(12, "expert_feed_forward_length"), u32_value(c->n_ff), false, false},
-        {KEY(13, "expert_shared_feed_forward_length"), u32_value(c->n_ff_shexp), false, true},
-        {"general.quantization_version", u32_value(2), false, false},
+        {"general.architecture", str_value(arch), false, false, false},
+        {"general.type", str_value("model"), false, false, false},
+        {"general.name", str_value(name), false, false, false},
+        {KEY(0, "block_count"), u32_value(c->n_layer), false, false, false},
+        {KEY(1, "context_length"), u32_value(c->n_ctx), false, false, false},
+        {KEY(2, "embedding_length"), u32_value(c->d_model), false, false, false},
+        {KEY(3, "feed_forward_length"), u32_value(3 * c->n_ff), false, false, false},
+        {KEY(4, "attention.head_count"), u32_value(c->n_head), false, false, false},
+        {KEY(5, "attention.head_count_kv"), u32_value(c->n_head_kv), false, false, false},
+        {KEY(6, "rope.freq_base"), f32_value(gptoss ? 150000.0f : 1e6f), false, false, false},
+        {KEY(7, "attention.layer_norm_rms_epsilon"), f32_value(gptoss ? 1e-5f : 1e-6f), false,
+         false, false},
+        {KEY(8, "expert_count"), u32_value(c->n_expert), false, false, false},
+        {KEY(9, "expert_used_count"), u32_value(c->n_expert_used), false, false, false},
+        {KEY(10, "attention.key_length"), u32_value(c->head_dim), true, false, false},
+        {KEY(11, "attention.value_length"), u32_value(c->head_dim), true, false, false},
+        {KEY(14, "attention.sliding_window"), u32_value(c->window), false, false, true},
+        {KEY(15, "rope.scaling.type"), str_value("yarn"), false, false, true},
+        {KEY(16, "rope.scaling.factor"), f32_value(32.0f), false, false, true},
+        {KEY(17, "rope.scaling.original_context_length"), u32_value(4096), false, false, true},
+        {"general.file_type", u32_value(file_type), false, false, false},
+        {KEY(12, "expert_feed_forward_length"), u32_value(c->n_ff), false, false, false},
+        {KEY(13, "expert_shared_feed_forward_length"), u32_value(c->n_ff_shexp), false, true,
+         false},
+        {"general.quantization_version", u32_value(2), false, false, false},
     };
 #undef KEY
     nm_status st = NM_OK;
     for (size_t i = 0; i < sizeof kvs / sizeof kvs[0] && st == NM_OK; i++) {
-        if ((kvs[i].qwen3_only && qwen2) || (kvs[i].qwen2_only && !qwen2)) continue;
+        if ((kvs[i].qwen3_only && qwen2) || (kvs[i].qwen2_only && !qwen2) ||
+            (kvs[i].gptoss_only && !gptoss))
+            continue;
         st = nm_gguf_writer_set_value(g->w, kvs[i].key, &kvs[i].value);
     }
     return st;
@@ -714,13 +788,19 @@ static int64_t param_count(const config *c, int64_t n_vocab) {
                         3 * d * c->n_ff * c->n_expert;
     if (strcmp(c->arch, "qwen2moe") == 0) /* biases, shared expert and its gate */
         per_layer += q + 2 * kv + 3 * d * c->n_ff_shexp + d;
+    if (strcmp(c->arch, "gpt-oss") == 0) /* biases, sinks, router and expert biases */
+        per_layer += q + 2 * kv + d + c->n_head + c->n_expert * (1 + 2 * c->n_ff + d);
     return n_vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * per_layer;
 }
 
-static int make_model(const config *c, uint32_t type, uint32_t embd_type) {
+static int make_model(const config *c, uint32_t type, uint32_t embd_type, uint32_t exps_type) {
     nm_error err = {0};
     nm_gguf *vocab = NULL;
-    gen g = {.c = c, .type = type, .embd_type = embd_type, .n_vocab = c->n_vocab};
+    gen g = {.c = c,
+             .type = type,
+             .embd_type = embd_type,
+             .exps_type = exps_type,
+             .n_vocab = c->n_vocab};
     if (c->vocab_path) {
         const nm_gguf_value *tokens;
         if (nm_gguf_open(c->vocab_path, &vocab, &err) != NM_OK) {
@@ -831,6 +911,7 @@ int main(int argc, char **argv) {
         .yarn_orig_ctx = 64,
         .n_group = 1,
         .n_group_used = 1,
+        .window = 128,
         .arch = "qwen3moe",
         .n_ctx = 4096,
         .n_vocab = 256,
@@ -842,7 +923,7 @@ int main(int argc, char **argv) {
         print_help(stdout);
         return 0;
     }
-    uint32_t type = NM_DTYPE_F32, embd_type = NM_DTYPE_F32;
-    if (check_config(&c, seen, &type, &embd_type) != 0) return 1;
-    return c.extract_path ? extract_vocab(&c) : make_model(&c, type, embd_type);
+    uint32_t type = NM_DTYPE_F32, embd_type = NM_DTYPE_F32, exps_type = NM_DTYPE_F32;
+    if (check_config(&c, seen, &type, &embd_type, &exps_type) != 0) return 1;
+    return c.extract_path ? extract_vocab(&c) : make_model(&c, type, embd_type, exps_type);
 }

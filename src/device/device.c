@@ -143,6 +143,15 @@ nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, 
                              "the %s device cannot run expert FFN graphs over %s weights (the "
                              "%s matrices of layer %d); those experts must stay on the host",
                              dev->ops->name, nm_dtype_name(mats[i].type), mats[i].name, layer);
+    const uint32_t want = (w->gate_b || w->up_b || w->down_b ? NM_FFN_F_BIAS : 0) |
+                          (w->glu == NM_GLU_SWIGLU_OAI ? NM_FFN_F_SWIGLU_OAI : 0);
+    const uint32_t missing = want & ~dev->ops->ffn_features;
+    if (missing)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "the %s device cannot run the experts of layer %d: it does not "
+                         "implement %s; those experts must stay on the host",
+                         dev->ops->name, layer,
+                         missing & NM_FFN_F_BIAS ? "expert biases" : "the clamped SwiGLU");
     return NM_OK;
 }
 

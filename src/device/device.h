@@ -21,8 +21,10 @@
 
 /* What a grouped expert FFN graph computes, fixed at compile time. Rows
  * [row0[i], row0[i] + capacity[i]) of the input belong to experts[i]:
- * out = down_e(silu(gate_e(x)) * up_e(x)) for each of those rows. Rows the
- * host leaves empty must be zero; their output is ignored. */
+ * out = down_e(silu(gate_e(x)) * up_e(x)) for each of those rows, or with
+ * the weights' biases and activation (nm_expert_ffn_forward) on a device
+ * whose ffn_features allow them. Rows the host leaves empty must be zero;
+ * their output is ignored. */
 typedef struct nm_ffn_spec {
     int32_t layer;
     int32_t n_experts;
@@ -34,6 +36,12 @@ typedef struct nm_ffn_spec {
 } nm_ffn_spec;
 
 typedef struct nm_graph nm_graph;
+
+/* Forms of the expert FFN beyond the plain SwiGLU (nm_device_ops.ffn_features). */
+enum {
+    NM_FFN_F_BIAS = 1u << 0,       /* gate_b, up_b or down_b */
+    NM_FFN_F_SWIGLU_OAI = 1u << 1, /* glu == NM_GLU_SWIGLU_OAI */
+};
 
 /* The kinds of graph a device may compile (nm_device_ops.supports). */
 typedef enum nm_graph_op {
@@ -157,6 +165,10 @@ typedef struct nm_device_ops {
      * converted at compile: the host asks before it makes a graph, so a
      * device is never handed one it cannot run (nm_device_supports). */
     bool (*supports)(const nm_device *dev, uint32_t weight_type, nm_graph_op op);
+    /* The NM_FFN_F_* forms of expert FFN a device runs beyond the plain
+     * SwiGLU without biases (0: none; nm_device_check_ffn refuses the
+     * others). */
+    uint32_t ffn_features;
     /* Compiles a graph; the spec's arrays are copied. Weights may be copied
      * or converted to the device's format (count them in device_bytes). */
     nm_status (*compile)(nm_device *dev, const nm_ffn_spec *spec, nm_graph **out, nm_error *err);

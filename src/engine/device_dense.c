@@ -69,6 +69,14 @@ nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, 
     };
 }
 
+/* Whether nm_dense_spec can say what layer il computes before the experts:
+ * it has no field for attention sinks, a sliding window, a router bias or
+ * RoPE scaling (gpt-oss), so such a layer's dense part stays on the host. */
+static bool spec_expresses(const nm_model *m, int32_t il) {
+    const nm_layer *l = &m->layers[il];
+    return !l->sinks && l->window == 0 && !l->router_b && !m->hp.rope_scaled;
+}
+
 nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_exec *ex,
                               int32_t rows, int32_t n_pos, nm_kv_type kv_type,
                               const float *rope_factors, nm_engine_dense **out, nm_error *err) {
@@ -90,10 +98,10 @@ nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_ex
     for (int32_t il = 0; il < hp->n_layer; il++) {
         /* a layer none of whose experts the mode (or the plan's residency)
          * puts on the device keeps its dense part on the host too */
-        /* nor do a layer without experts and latent attention, which the
-         * dense graph does not have */
+        /* nor do a layer without experts, latent attention, or a form the
+         * dense graph does not express (spec_expresses) */
         if (!nm_model_layer_is_moe(hp, il) || hp->n_lora_kv > 0 ||
-            !nm_moe_exec_uses_device(ex, nm_model_moe_index(hp, il)))
+            !nm_moe_exec_uses_device(ex, nm_model_moe_index(hp, il)) || !spec_expresses(m, il))
             continue;
         const nm_dense_spec spec = nm_engine_dense_spec(m, il, rows, n_pos, kv_type, rope_factors);
         nm_error why = {0};

@@ -210,7 +210,7 @@ bool nm_mat_repack_wanted(const nm_mat *w) {
 #if defined(__x86_64__)
     const nm_kernels_isa isa = nm_kernels_active();
     return (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) && w->layout == NM_LAYOUT_ROWS &&
-           w->n >= 16 && nm_kernels_is_block_quant(w->type);
+           w->n >= 16 && nm_kernels_is_vnni_block_quant(w->type);
 #else
     (void)w;
     return false;
@@ -260,30 +260,42 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
     }
 }
 
+/* The window is an offset into the cache: the kernels see positions kv0
+ * .. n_kv - 1 as their 0 .. n_kv - kv0 - 1. */
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
-                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
-                          float scale, float *out, float *scores) {
+                          int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head, int n_head_kv,
+                          int head_dim, float scale, const float *sinks, float *out,
+                          float *scores) {
+    NM_ASSERT(kv0 >= 0 && kv0 < n_kv);
+    k_cache += (size_t)kv0 * (size_t)kv_stride;
+    v_cache += (size_t)kv0 * (size_t)kv_stride;
+    n_kv -= kv0;
 #if defined(__x86_64__)
     if (nm_kernels_active() >= NM_KERNELS_AVX512) { /* the AVX-512 variants share it */
         nm_attention_avx512_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv,
-                                    head_dim, scale, out, scores);
+                                    head_dim, scale, sinks, out, scores);
         return;
     }
 #endif
     nm_attention_ref_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv, head_dim,
-                             scale, out, scores);
+                             scale, sinks, out, scores);
 }
 
 void nm_attention_f16_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                              int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                              int head_dim, float scale, float *out, float *scores) {
+                              int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head,
+                              int n_head_kv, int head_dim, float scale, const float *sinks,
+                              float *out, float *scores) {
+    NM_ASSERT(kv0 >= 0 && kv0 < n_kv);
+    k_cache += (size_t)kv0 * (size_t)kv_stride;
+    v_cache += (size_t)kv0 * (size_t)kv_stride;
+    n_kv -= kv0;
 #if defined(__x86_64__)
     if (nm_kernels_active() >= NM_KERNELS_AVX512) { /* the AVX-512 variants share it */
         nm_attention_f16_avx512_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv,
-                                        head_dim, scale, out, scores);
+                                        head_dim, scale, sinks, out, scores);
         return;
     }
 #endif
     nm_attention_f16_ref_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv, head_dim,
-                                 scale, out, scores);
+                                 scale, sinks, out, scores);
 }

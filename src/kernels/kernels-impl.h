@@ -9,13 +9,20 @@
 #include "base/base.h"
 #include "tensor/tensor.h"
 
-/* Q4_0 and the K-quants: the variants widen such rows NM_QUANT_CHUNK
- * elements at a time (one K-quant super-block, eight Q4_0 blocks). */
+/* Q4_0, MXFP4 and the K-quants: the float-path variants widen such rows
+ * NM_QUANT_CHUNK elements at a time (one K-quant super-block, eight Q4_0
+ * or MXFP4 blocks). */
 enum { NM_QUANT_CHUNK = 256 };
 
 static inline bool nm_kernels_is_block_quant(uint32_t type) {
     return type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K ||
-           type == NM_DTYPE_Q6_K;
+           type == NM_DTYPE_Q6_K || type == NM_DTYPE_MXFP4;
+}
+
+/* The block-quantised types avx512vnni computes in int8 and lays out in
+ * NM_LAYOUT_PANEL16 (not MXFP4, which goes through avx512's float path). */
+static inline bool nm_kernels_is_vnni_block_quant(uint32_t type) {
+    return nm_kernels_is_block_quant(type) && type != NM_DTYPE_MXFP4;
 }
 
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */
@@ -23,6 +30,8 @@ static inline size_t nm_quant_chunk_bytes(uint32_t type) {
     switch (type) {
     case NM_DTYPE_Q4_0:
         return NM_QUANT_CHUNK / NM_Q4_0_BLOCK * NM_Q4_0_BYTES;
+    case NM_DTYPE_MXFP4:
+        return NM_QUANT_CHUNK / NM_MXFP4_BLOCK * NM_MXFP4_BYTES;
     case NM_DTYPE_Q4_K:
         return NM_Q4_K_BYTES;
     case NM_DTYPE_Q5_K:
@@ -56,6 +65,9 @@ static inline size_t nm_quant_chunk_bytes(uint32_t type) {
         case NM_DTYPE_Q4_0:                                                                        \
             MATMUL(NM_DTYPE_Q4_0);                                                                 \
             break;                                                                                 \
+        case NM_DTYPE_MXFP4:                                                                       \
+            MATMUL(NM_DTYPE_MXFP4);                                                                \
+            break;                                                                                 \
         case NM_DTYPE_Q4_K:                                                                        \
             MATMUL(NM_DTYPE_Q4_K);                                                                 \
             break;                                                                                 \
@@ -74,11 +86,13 @@ void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t
                            int64_t ldy, int64_t j0, int64_t j1);
 void nm_attention_ref_forward(const float *q, const float *k_cache, const float *v_cache,
                               int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                              int head_dim, float scale, float *out, float *scores);
+                              int head_dim, float scale, const float *sinks, float *out,
+                              float *scores);
 
 void nm_attention_f16_ref_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                   int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                                  int head_dim, float scale, float *out, float *scores);
+                                  int head_dim, float scale, const float *sinks, float *out,
+                                  float *scores);
 
 #if defined(__x86_64__)
 void nm_matmul_avx2_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
@@ -108,11 +122,12 @@ void nm_matmul_amx_emu_forward(const nm_mat *w, const float *x, int64_t ldx, int
                                int64_t ldy, int64_t j0, int64_t j1);
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                                 int head_dim, float scale, float *out, float *scores);
+                                 int head_dim, float scale, const float *sinks, float *out,
+                                 float *scores);
 void nm_attention_f16_avx512_forward(const float *q, const uint16_t *k_cache,
                                      const uint16_t *v_cache, int64_t kv_stride, int32_t n_kv,
                                      int n_head, int n_head_kv, int head_dim, float scale,
-                                     float *out, float *scores);
+                                     const float *sinks, float *out, float *scores);
 #endif
 
 #endif /* NM_KERNELS_IMPL_H */

@@ -139,7 +139,16 @@ nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_
                              void *release_ctx, nm_prepared *out, nm_error *err);
 void nm_prepared_free(nm_prepared *prepared);
 
-/* The experts of one layer, as three stacks of matrices in the file. */
+/* The gated activation of an expert FFN, h = act(g, u). */
+typedef enum nm_glu {
+    NM_GLU_SWIGLU = 0, /* silu(g) * u */
+    /* gpt-oss's clamped SwiGLU: with g' = min(g, limit) and u' = clamp(u,
+     * -limit, limit), h = g' * sigmoid(alpha * g') * (u' + 1) */
+    NM_GLU_SWIGLU_OAI = 1
+} nm_glu;
+
+/* The experts of one layer, as three stacks of matrices in the file, and
+ * optional per-expert biases (NULL when absent). */
 typedef struct nm_expert_weights {
     nm_mat gate;        /* expert 0: [d_ff][d_model] */
     nm_mat up;          /* expert 0: [d_ff][d_model] */
@@ -148,16 +157,35 @@ typedef struct nm_expert_weights {
     size_t up_stride;
     size_t down_stride;
     int32_t n_expert;
+    const float *gate_b; /* [n_expert][d_ff] or NULL */
+    const float *up_b;   /* [n_expert][d_ff] or NULL */
+    const float *down_b; /* [n_expert][d_model] or NULL */
+    uint32_t glu;        /* nm_glu; 0, SwiGLU, unless the architecture says */
+    float glu_alpha;     /* NM_GLU_SWIGLU_OAI's alpha and limit */
+    float glu_limit;
 } nm_expert_weights;
 
 /* Expert e's matrix out of a stack. */
 nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e);
 
-/* One expert's SwiGLU FFN over m rows: out = down(silu(gate x) * up x).
- * x: [m][d_model] (row stride ldx); gate, up: scratch [m][d_ff];
- * out: [m][d_model] (row stride ldo). Runs on the calling thread. */
+/* One expert's gated FFN over m rows: out = down(act(gate x + gate_b, up x
+ * + up_b)) + down_b, act by w->glu. x: [m][d_model] (row stride ldx);
+ * gate, up: scratch [m][d_ff]; out: [m][d_model] (row stride ldo). Runs on
+ * the calling thread. */
 void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x, int64_t ldx,
                            int64_t m, float *gate, float *up, float *out, int64_t ldo);
+/* The middle of that FFN for columns [j0, j1) of m rows of gate and up
+ * (row stride ld): gate := act(gate + gate_b, up + up_b); up is not
+ * changed. */
+void nm_expert_glu_forward(const nm_expert_weights *w, int32_t e, float *gate, const float *up,
+                           int64_t ld, int64_t m, int64_t j0, int64_t j1);
+/* Its end for columns [j0, j1) of m output rows (row stride ldo): out +=
+ * down_b (nothing without one). */
+void nm_expert_down_bias(const nm_expert_weights *w, int32_t e, float *out, int64_t ldo, int64_t m,
+                         int64_t j0, int64_t j1);
+/* Whether the experts use more than the plain SwiGLU FFN (biases, another
+ * activation): a device states whether it runs those (NM_FFN_F_*). */
+bool nm_expert_weights_plain(const nm_expert_weights *w);
 
 /* y[i][j] = sum_k x[i][k] * W[j][k] for i < m and j in [j0, j1).
  * x: [m][K] with row stride ldx; y: [m][...] with row stride ldy. */
@@ -200,25 +228,63 @@ void nm_rope_neox_forward(float *x, int n_head, int head_dim, int n_rot, int32_t
 void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos, float freq_base,
                      bool neox, const float *freq_factors, float attn_factor);
 
+/* YaRN context extension as ggml's rope_ext computes it: pair i's angle
+ * theta (after the frequency factor) becomes theta_interp = freq_scale *
+ * theta mixed with theta by ramp(i) * ext_factor, ramp(i) = 1 - clamp((i -
+ * corr_dims[0]) / max(0.001, corr_dims[1] - corr_dims[0]), 0, 1), and, when
+ * ext_factor is not 0, cos and sin are scaled by attn_factor * (1 + 0.1 *
+ * ln(1 / freq_scale)). */
+typedef struct nm_rope_yarn {
+    float freq_scale;   /* 1 / rope.scaling.factor */
+    float ext_factor;   /* 1 for YaRN; 0: angles scaled by freq_scale alone */
+    float corr_dims[2]; /* the ramp's ends in pairs (nm_rope_yarn_init) */
+} nm_rope_yarn;
+
+/* YaRN of a model trained at n_ctx_orig positions, scaled by factor:
+ * corr_dims from beta_fast and beta_slow (rotations over n_ctx_orig; ggml's
+ * ggml_rope_yarn_corr_dims: floor and ceil of n_rot * ln(n_ctx_orig / (2 pi
+ * beta)) / (2 ln freq_base), clamped to [0, n_rot - 1]), ext_factor 1. */
+nm_rope_yarn nm_rope_yarn_make(int n_rot, int32_t n_ctx_orig, float freq_base, float factor,
+                               float beta_fast, float beta_slow);
+
+/* nm_rope_forward with YaRN (yarn NULL: none, nm_rope_forward itself). */
+void nm_rope_ext_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
+                         float freq_base, bool neox, const float *freq_factors, float attn_factor,
+                         const nm_rope_yarn *yarn);
+
 /* In place softmax over n values. */
 void nm_softmax_forward(float *x, int64_t n);
+/* In place softmax over n values and one more logit, sink, that is in the
+ * maximum and the denominator but has no output (an attention sink, as
+ * ggml's soft_max with sinks): x[i] = exp(x[i] - m) / (sum_j exp(x[j] - m)
+ * + exp(sink - m)), m = max(max x, sink). sink = -INFINITY is
+ * nm_softmax_forward, bit for bit. */
+void nm_softmax_sink_forward(float *x, int64_t n, float sink);
 
 /* h[i] = silu(g[i]) * u[i] for i < n. h may alias g. */
 void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n);
+/* NM_GLU_SWIGLU_OAI of g and u into h as ggml's swiglu_oai. h may alias g. */
+void nm_swiglu_oai_forward(const float *g, const float *u, float *h, int64_t n, float alpha,
+                           float limit);
 
 /* Causal grouped-query attention for one query row.
  * q: [n_head][head_dim]; k_cache, v_cache: [n_kv][kv_stride] rows of
  * [n_head_kv][head_dim] for positions 0..n_kv-1 (n_kv includes the query's
- * own position); out: [n_head][head_dim]; scores: scratch [n_kv].
+ * own position), of which the query attends to kv0 .. n_kv-1 (0 <= kv0 <
+ * n_kv; a sliding window of w keys is kv0 = max(0, n_kv - w));
+ * sinks: [n_head] a logit per head in the softmax's denominator that
+ * attends to nothing (nm_softmax_sink_forward), or NULL for none;
+ * out: [n_head][head_dim]; scores: scratch [n_kv - kv0].
  * Query head h reads kv head h / (n_head / n_head_kv). */
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
-                          int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
-                          float scale, float *out, float *scores);
+                          int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head, int n_head_kv,
+                          int head_dim, float scale, const float *sinks, float *out, float *scores);
 
 /* nm_attention_forward over an F16 cache: k_cache, v_cache hold IEEE half
  * values (kv_stride in elements); everything else as above. */
 void nm_attention_f16_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                              int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                              int head_dim, float scale, float *out, float *scores);
+                              int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head,
+                              int n_head_kv, int head_dim, float scale, const float *sinks,
+                              float *out, float *scores);
 
 #endif /* NM_KERNELS_H */

@@ -9,6 +9,48 @@ nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e) {
     return m;
 }
 
+bool nm_expert_weights_plain(const nm_expert_weights *w) {
+    return !w->gate_b && !w->up_b && !w->down_b && w->glu == NM_GLU_SWIGLU;
+}
+
+void nm_expert_glu_forward(const nm_expert_weights *w, int32_t e, float *gate, const float *up,
+                           int64_t ld, int64_t m, int64_t j0, int64_t j1) {
+    const int64_t ff = w->gate.n, n = j1 - j0;
+    const float *gb = w->gate_b ? w->gate_b + (size_t)e * (size_t)ff + j0 : NULL;
+    const float *ub = w->up_b ? w->up_b + (size_t)e * (size_t)ff + j0 : NULL;
+    float biased[64];
+    for (int64_t r = 0; r < m; r++) {
+        float *g = gate + r * ld + j0;
+        const float *u = up + r * ld + j0;
+        /* the biases are added first, as ggml adds them before the op */
+        for (int64_t c = 0; c < n; c += 64) {
+            const int64_t len = n - c < 64 ? n - c : 64;
+            const float *uc = u + c;
+            if (gb)
+                for (int64_t i = 0; i < len; i++)
+                    g[c + i] += gb[c + i];
+            if (ub) {
+                for (int64_t i = 0; i < len; i++)
+                    biased[i] = u[c + i] + ub[c + i];
+                uc = biased;
+            }
+            if (w->glu == NM_GLU_SWIGLU_OAI)
+                nm_swiglu_oai_forward(g + c, uc, g + c, len, w->glu_alpha, w->glu_limit);
+            else
+                nm_swiglu_forward(g + c, uc, g + c, len);
+        }
+    }
+}
+
+void nm_expert_down_bias(const nm_expert_weights *w, int32_t e, float *out, int64_t ldo, int64_t m,
+                         int64_t j0, int64_t j1) {
+    if (!w->down_b) return;
+    const float *b = w->down_b + (size_t)e * (size_t)w->down.n;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = j0; j < j1; j++)
+            out[r * ldo + j] += b[j];
+}
+
 void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x, int64_t ldx,
                            int64_t m, float *gate, float *up, float *out, int64_t ldo) {
     const int64_t ff = w->gate.n, dm = w->down.n;
@@ -17,8 +59,12 @@ void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x
     const nm_mat wd = nm_expert_mat(&w->down, w->down_stride, e);
     nm_matmul_forward(&wg, x, ldx, m, gate, ff, 0, ff);
     nm_matmul_forward(&wu, x, ldx, m, up, ff, 0, ff);
-    nm_swiglu_forward(gate, up, gate, m * ff);
+    if (nm_expert_weights_plain(w))
+        nm_swiglu_forward(gate, up, gate, m * ff);
+    else
+        nm_expert_glu_forward(w, e, gate, up, ff, m, 0, ff);
     nm_matmul_forward(&wd, gate, ff, m, out, ldo, 0, dm);
+    nm_expert_down_bias(w, e, out, ldo, m, 0, dm);
 }
 
 typedef struct matmul_ctx {

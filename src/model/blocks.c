@@ -15,62 +15,11 @@ void nm_model_norm(const nm_hparams *hp, const float *x, const float *w, const f
     nm_norm_bias_forward(hp->norm != NM_NORM_RMS, x, w, b, y, n, hp->rms_eps);
 }
 
-/* ggml's correction dim: the pair index whose wavelength makes n_rot_turns
- * turns over the original context. */
-static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot_turns, float base) {
-    return (float)n_dims * logf((float)n_ctx_orig / (n_rot_turns * 2.0f * (float)M_PI)) /
-           (2.0f * logf(base));
-}
-
-/* RoPE with YaRN as ggml's rope_ext computes it (float throughout): pair i
- * at element 2i (NORM) or i (NEOX) turns by a blend of pos * base^(-2i/n)
- * (extrapolated) and freq_scale times it (interpolated), the blend a ramp
- * over the correction dims times ext_factor; cos and sin are scaled by
- * rope_attn_factor times, when ext_factor is not 0, 1 + 0.1 ln(1 /
- * freq_scale). */
-static void rope_yarn(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,
-                      int32_t pos) {
-    const int n_dims = hp->n_rot, half = n_dims / 2;
-    const float fs = hp->rope_freq_scale, ext = hp->rope_ext_factor;
-    const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)n_dims);
-    const float lo = floorf(
-                    yarn_corr_dim(n_dims, hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_freq_base)),
-                hi = ceilf(
-                    yarn_corr_dim(n_dims, hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_freq_base));
-    const float corr0 = fmaxf(0.0f, lo), corr1 = fminf((float)(n_dims - 1), hi);
-    float theta_base = (float)pos;
-    for (int i = 0; i < half; i++) {
-        const float extrap = freq_factors ? theta_base / freq_factors[i] : theta_base;
-        const float interp = fs * extrap;
-        float theta = interp, mscale = hp->rope_attn_factor;
-        if (ext != 0.0f) {
-            const float y = ((float)i - corr0) / fmaxf(0.001f, corr1 - corr0);
-            const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext;
-            theta = interp * (1.0f - ramp) + extrap * ramp;
-            mscale *= 1.0f + 0.1f * logf(1.0f / fs);
-        }
-        const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
-        const int a = hp->rope == NM_ROPE_NEOX ? i : 2 * i;
-        const int b = hp->rope == NM_ROPE_NEOX ? i + half : 2 * i + 1;
-        for (int h = 0; h < n_head; h++) {
-            float *v = x + (size_t)h * hp->head_dim;
-            const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-        }
-        theta_base *= theta_scale;
-    }
-}
-
 void nm_model_rope(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,
                    int32_t pos) {
-    if (hp->rope_ext_factor != 0.0f ||
-        (hp->rope_freq_scale != 0.0f && hp->rope_freq_scale != 1.0f)) {
-        rope_yarn(hp, freq_factors, x, n_head, pos);
-        return;
-    }
-    nm_rope_forward(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_freq_base,
-                    hp->rope == NM_ROPE_NEOX, freq_factors, hp->rope_attn_factor);
+    nm_rope_ext_forward(x, n_head, hp->head_dim, hp->n_rot, pos, hp->rope_freq_base,
+                        hp->rope == NM_ROPE_NEOX, freq_factors, hp->rope_attn_factor,
+                        hp->rope_scaled ? &hp->rope_yarn : NULL);
 }
 
 void nm_model_round_f16(float *x, int64_t n) {
@@ -78,23 +27,29 @@ void nm_model_round_f16(float *x, int64_t n) {
         x[i] = nm_f16_to_f32(nm_f32_to_f16(x[i]));
 }
 
-/* The k largest of probs [n_expert] (ties to the lower id) in descending
- * order into ids and weights, renormalised to sum 1 when renorm. */
+/* The k largest of n scores (ties to the lower id) in descending order:
+ * their ids and values. */
+static void top_k(const float *scores, int32_t n, int32_t k, int32_t *ids, float *values) {
+    for (int32_t s = 0; s < k; s++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (int32_t j = 0; j < s; j++)
+                taken |= ids[j] == e;
+            if (!taken && (best < 0 || scores[e] > scores[best])) best = e;
+        }
+        ids[s] = best;
+        values[s] = scores[best];
+    }
+}
+
+/* The k largest of probs [n_expert] in descending order into ids and
+ * weights, renormalised to sum 1 when renorm. */
 static void topk(const nm_hparams *hp, const float *probs, bool renorm, int32_t *ids,
                  float *weights) {
     const int32_t n_expert = hp->n_expert, k = hp->n_expert_used;
     NM_ASSERT(k >= 1 && k <= n_expert);
-    for (int32_t s = 0; s < k; s++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < n_expert; e++) {
-            bool taken = false;
-            for (int32_t j = 0; j < s; j++)
-                taken |= ids[j] == e;
-            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-        }
-        ids[s] = best;
-        weights[s] = probs[best];
-    }
+    top_k(probs, n_expert, k, ids, weights);
     if (renorm) {
         float sum = 0.0f;
         for (int32_t s = 0; s < k; s++)
@@ -120,6 +75,14 @@ void nm_route_softmax_topk_renorm(const nm_hparams *hp, const float *logits, int
 void nm_route_softmax_topk(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
                            float *probs) {
     softmax_topk(hp, logits, false, ids, weights, probs);
+}
+
+void nm_route_topk_softmax(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
+                           float *probs) {
+    (void)probs;
+    NM_ASSERT(hp->n_expert_used >= 1 && hp->n_expert_used <= hp->n_expert);
+    top_k(logits, hp->n_expert, hp->n_expert_used, ids, weights);
+    nm_softmax_forward(weights, hp->n_expert_used);
 }
 
 /* Hugging Face's sparsemixer (modeling_phimoe.py) with training off, for

@@ -104,13 +104,18 @@ nm_status nm_model_load_hparams(nm_model *m, nm_error *err) {
     return NM_OK;
 }
 
+/* rows F32 vectors of n that spec says are absent, optional or required. */
+static nm_status get_rows_as(const nm_model *m, nm_presence p, const char *name, int64_t n,
+                             int64_t rows, const float **out, nm_error *err) {
+    *out = NULL;
+    if (p == NM_ABSENT || (p == NM_OPTIONAL && !nm_gguf_find_tensor(m->gguf, name))) return NM_OK;
+    return nm_model_get_rows(m, name, n, rows, out, err);
+}
+
 /* A vector that spec says is absent, optional or required. */
 static nm_status get_vec_as(const nm_model *m, nm_presence p, const char *name, int64_t n,
                             const float **out, nm_error *err) {
-    *out = NULL;
-    if (p == NM_ABSENT) return NM_OK;
-    if (p == NM_OPTIONAL) return nm_model_get_vec_opt(m, name, n, out, err);
-    return nm_model_get_vec(m, name, n, out, err);
+    return get_rows_as(m, p, name, n, 1, out, err);
 }
 
 /* The shared expert's four matrices (spec->shared_expert). */
@@ -189,8 +194,10 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
                   kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     const nm_presence qkv_bias =
         spec->qkv_bias > spec->attn_bias ? spec->qkv_bias : spec->attn_bias;
+    const char *ffn_norm = spec->ffn_norm_name ? spec->ffn_norm_name : "ffn_norm";
     char name[96];
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, il), name)
+#define NAME_S(s, suffix) (snprintf(name, sizeof name, "blk.%d.%s." suffix, il, s), name)
     nm_status st;
     if (nm_gguf_find_tensor(m->gguf, NAME("attn_qkv.weight")))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
@@ -215,10 +222,12 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
                (st = get_vec_as(m, qkv_bias, NAME("attn_q.bias"), q_dim, &l->bq, err)) ||
                (st = get_vec_as(m, qkv_bias, NAME("attn_k.bias"), kv_dim, &l->bk, err)) ||
                (st = get_vec_as(m, qkv_bias, NAME("attn_v.bias"), kv_dim, &l->bv, err)) ||
-               (st = get_vec_as(m, spec->attn_bias, NAME("attn_output.bias"), d, &l->bo, err)))
+               (st = get_vec_as(m, spec->attn_bias, NAME("attn_output.bias"), d, &l->bo, err)) ||
+               (st = get_vec_as(m, spec->attn_sinks, NAME("attn_sinks.weight"), hp->n_head,
+                                &l->sinks, err)))
         return st;
-    if ((st = nm_model_get_vec(m, NAME("ffn_norm.weight"), d, &l->ffn_norm, err)) ||
-        (st = get_vec_as(m, spec->norm_bias, NAME("ffn_norm.bias"), d, &l->ffn_norm_b, err)))
+    if ((st = nm_model_get_vec(m, NAME_S(ffn_norm, "weight"), d, &l->ffn_norm, err)) ||
+        (st = get_vec_as(m, spec->norm_bias, NAME_S(ffn_norm, "bias"), d, &l->ffn_norm_b, err)))
         return st;
     if (!nm_model_layer_is_moe(hp, il)) { /* a leading dense layer: its FFN, nothing else */
         if ((st = nm_model_get_mat(m, NAME("ffn_gate.weight"), d, hp->n_ff, false, &l->ffn_gate,
@@ -231,7 +240,9 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
         return NM_OK;
     }
     if ((st = nm_model_get_mat(m, NAME("ffn_gate_inp.weight"), d, hp->n_expert, false, &l->router,
-                               err)))
+                               err)) ||
+        (st = get_vec_as(m, spec->router_bias, NAME("ffn_gate_inp.bias"), hp->n_expert,
+                         &l->router_b, err)))
         return st;
     if (hp->qk_norm != NM_QK_NORM_NONE) {
         const bool whole = hp->qk_norm == NM_QK_NORM_WHOLE;
@@ -250,7 +261,14 @@ static nm_status load_layer(nm_model *m, const nm_weight_spec *spec, int il, nm_
         (st = nm_model_get_stack(m, NAME("ffn_down_exps.weight"), hp->n_ff_exp, d, hp->n_expert,
                                  &x->down, &x->down_stride, err)))
         return st;
+    const nm_presence eb = spec->expert_bias;
+    const int64_t ne = hp->n_expert;
+    if ((st = get_rows_as(m, eb, NAME("ffn_gate_exps.bias"), hp->n_ff_exp, ne, &x->gate_b, err)) ||
+        (st = get_rows_as(m, eb, NAME("ffn_up_exps.bias"), hp->n_ff_exp, ne, &x->up_b, err)) ||
+        (st = get_rows_as(m, eb, NAME("ffn_down_exps.bias"), d, ne, &x->down_b, err)))
+        return st;
 #undef NAME
+#undef NAME_S
     if (spec->shared_expert != NM_ABSENT) return load_shared_expert(m, spec, il, l, err);
     return NM_OK;
 }

@@ -53,6 +53,7 @@ void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_m
 
 typedef struct attention_ctx {
     const nm_hparams *hp;
+    const nm_layer *l;
     const nm_model_batch *b;
     const nm_kv_view *kv;
 } attention_ctx;
@@ -67,12 +68,16 @@ static void attention_task(void *p, int i, int thread) {
     float *scores = b->scores + (size_t)thread * (size_t)b->scores_stride;
     const nm_kv_view *kv = b->kvs ? &b->kvs[i] : c->kv;
     const int32_t n_kv = (b->pos ? b->pos[i] : b->n_past + i) + 1;
+    /* a sliding window keeps the last `window` keys, the query's own included */
+    const int32_t w = c->l->window, kv0 = w > 0 && n_kv > w ? n_kv - w : 0;
     if (kv->type == NM_KV_F16)
-        nm_attention_f16_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, n_kv, hp->n_head,
-                                 hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim, scores);
+        nm_attention_f16_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, kv0, n_kv, hp->n_head,
+                                 hp->n_head_kv, hp->head_dim, scale, c->l->sinks,
+                                 b->att + i * q_dim, scores);
     else
-        nm_attention_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, n_kv, hp->n_head,
-                             hp->n_head_kv, hp->head_dim, scale, b->att + i * q_dim, scores);
+        nm_attention_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, kv0, n_kv, hp->n_head,
+                             hp->n_head_kv, hp->head_dim, scale, c->l->sinks, b->att + i * q_dim,
+                             scores);
 }
 
 bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
@@ -139,7 +144,7 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
             v_half[i] = nm_f32_to_f16(v_new[i]);
         }
     }
-    attention_ctx c = {.hp = hp, .b = b, .kv = kv};
+    attention_ctx c = {.hp = hp, .l = l, .b = b, .kv = kv};
     nm_pool_run(b->pool, attention_task, &c, n);
     if (!tap(b, il, "kqv_out", b->att, q_dim)) return false;
     compat_round_input(m, &l->wo, b->att, (int64_t)n * q_dim);
@@ -163,6 +168,8 @@ bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
     if (!tap(b, il, "ffn_norm", b->xn, d)) return false;
     if (!nm_model_layer_is_moe(hp, il)) return true; /* no router: its FFN in the residual */
     matmul(b->pool, &l->router, b->xn, d, n, b->router, hp->n_expert);
+    for (int32_t t = 0; t < n; t++)
+        add_bias(b->router + (size_t)t * hp->n_expert, l->router_b, hp->n_expert);
     return nm_model_route_logits(m, il, b);
 }
 

@@ -102,11 +102,11 @@ static void attend_task(void *p, int i, int thread) {
     const int lat = (int)c->dd.lat;
     const float scale = c->hp->attn_scale;
     if (kv->type == NM_KV_F16)
-        nm_attention_f16_forward(b->q + i * w, kv->k, kv->k, lat, n_kv, c->hp->n_head, 1, lat,
-                                 scale, b->att + i * w, scores);
+        nm_attention_f16_forward(b->q + i * w, kv->k, kv->k, lat, 0, n_kv, c->hp->n_head, 1, lat,
+                                 scale, NULL, b->att + i * w, scores);
     else
-        nm_attention_forward(b->q + i * w, kv->k, kv->k, lat, n_kv, c->hp->n_head, 1, lat, scale,
-                             b->att + i * w, scores);
+        nm_attention_forward(b->q + i * w, kv->k, kv->k, lat, 0, n_kv, c->hp->n_head, 1, lat,
+                             scale, NULL, b->att + i * w, scores);
 }
 
 bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch *b,

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe,
-                                            &nm_arch_llama,    &nm_arch_phimoe,
-                                            &nm_arch_qwen2moe, &nm_arch_deepseek2};
+static const nm_arch *const arch_table[] = {&nm_arch_qwen3moe, &nm_arch_olmoe,    &nm_arch_llama,
+                                            &nm_arch_phimoe,   &nm_arch_qwen2moe, &nm_arch_deepseek2,
+                                            &nm_arch_gptoss};
 
 nm_model_params nm_model_default_params(void) {
     nm_model_params p = {.verbose = false, .compat = NM_COMPAT_NONE, .no_repack = false};
@@ -80,7 +80,7 @@ static nm_status check_computable(const nm_gguf_tensor *t, const char *name, nm_
     if (!nm_dtype_is_supported(t->type))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "tensor '%s' has type %s, which npumoe cannot compute with yet "
-                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K)",
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4)",
                          name, nm_dtype_name(t->type));
     return NM_OK;
 }
@@ -104,14 +104,19 @@ nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64
 
 nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const float **out,
                            nm_error *err) {
-    const int64_t want[1] = {n};
+    return nm_model_get_rows(m, name, n, 1, out, err);
+}
+
+nm_status nm_model_get_rows(const nm_model *m, const char *name, int64_t n, int64_t rows,
+                            const float **out, nm_error *err) {
+    const int64_t want[2] = {n, rows};
     const nm_gguf_tensor *t;
-    nm_status st = find_shaped(m, name, want, 1, &t, err);
+    nm_status st = find_shaped(m, name, want, rows > 1 ? 2 : 1, &t, err);
     if (st != NM_OK) return st;
     if (t->type != NM_DTYPE_F32)
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "tensor '%s' has type %s; norm weights must be f32", name,
-                         nm_dtype_name(t->type));
+                         "tensor '%s' has type %s; vectors (norms, biases, sinks) must be f32",
+                         name, nm_dtype_name(t->type));
     *out = t->data;
     return NM_OK;
 }
@@ -316,12 +321,17 @@ void nm_model_describe(const nm_model *model, void *file) {
     if (hp->n_group > 1)
         fprintf(f, "routing:             group-limited, %d of %d groups\n", hp->n_group_used,
                 hp->n_group);
-    if (hp->rope_ext_factor != 0.0f)
-        fprintf(f, "yarn:                factor %g, original context %d, q.k scale %g\n",
-                1.0 / hp->rope_freq_scale, hp->n_ctx_orig, (double)hp->attn_scale);
+    if (hp->attn_scale != 0.0f)
+        fprintf(f, "q.k scale:           %g\n", (double)hp->attn_scale);
     fprintf(f, "rope:                %s, base %g, %d dims%s, attn factor %g\n",
             hp->rope == NM_ROPE_NEOX ? "neox" : "norm", hp->rope_freq_base, hp->n_rot,
             model->rope_factors_short ? ", long/short factors" : "", hp->rope_attn_factor);
+    if (hp->rope_scaled)
+        fprintf(f, "rope scaling:        %s, factor %g over %d positions\n",
+                hp->rope_yarn.ext_factor != 0.0f ? "yarn" : "linear",
+                1.0 / (double)hp->rope_yarn.freq_scale, hp->n_ctx_orig);
+    if (hp->n_swa > 0)
+        fprintf(f, "attention:           sinks, a window of %d keys on even layers\n", hp->n_swa);
     fprintf(f, "norm:                %s, eps %g\n", hp->norm == NM_NORM_RMS ? "rms" : "layer",
             hp->rms_eps);
     fprintf(f, "semantics:           %s\n",

@@ -49,11 +49,6 @@ typedef struct nm_hparams {
     float rope_attn_factor; /* cos and sin are scaled by it (1 = none)        */
     int32_t n_ctx_orig;     /* context up to which the short RoPE factors hold */
     float router_jitter;    /* sparsemixer's relative-gap threshold is 2x this */
-    /* YaRN (deepseek2): the frequencies are scaled by rope_freq_scale
-     * (1 / rope.scaling.factor) and blended with the unscaled ones by
-     * rope_ext_factor (1 for yarn, 0: plain), as ggml's rope_ext does
-     * between the correction dims of yarn_beta_fast/slow over n_ctx_orig */
-    float rope_freq_scale, rope_ext_factor, yarn_beta_fast, yarn_beta_slow;
     float attn_scale; /* the q.k scale; 0: 1 / sqrt(head_dim) */
     /* Multi-head latent attention (deepseek2; n_lora_kv > 0): q from wq, or
      * through a rank-n_lora_q bottleneck (q_a, its norm, q_b) when
@@ -74,6 +69,13 @@ typedef struct nm_hparams {
      * best probability are eligible for the top-k */
     int32_t n_group, n_group_used;
     bool shexp_ungated; /* the shared experts' output is added as it is */
+    /* RoPE context scaling (rope.scaling.type linear or yarn with
+     * rope.scaling.factor); NULL-like when rope_scaled is false */
+    bool rope_scaled;
+    nm_rope_yarn rope_yarn;
+    /* keys a sliding-window layer (nm_layer.window) attends to, the query's
+     * own included (attention.sliding_window); 0: no layer slides */
+    int32_t n_swa;
 } nm_hparams;
 
 /* Optional vectors (biases, q/k norms) are NULL when the file has none. */
@@ -93,6 +95,9 @@ typedef struct nm_layer {
     const float *ffn_norm;    /* [n_embd] */
     const float *ffn_norm_b;  /* [n_embd] */
     nm_mat router;            /* [n_expert][n_embd] */
+    const float *router_b;    /* [n_expert] added to the router's logits */
+    const float *sinks;       /* [n_head] attention sink logits (gpt-oss) */
+    int32_t window;           /* keys attended (the query's own included); 0: all */
     nm_expert_weights experts;
     /* The shared expert (hp.n_ff_shexp > 0): a SwiGLU FFN every token
      * takes, whose output is scaled by sigmoid(shexp_gate_inp . xn). */
@@ -168,6 +173,10 @@ nm_status nm_model_get_mat(const nm_model *m, const char *name, int64_t k, int64
 /* An F32 vector of n elements. */
 nm_status nm_model_get_vec(const nm_model *m, const char *name, int64_t n, const float **out,
                            nm_error *err);
+/* An F32 tensor of rows vectors of n (ggml ne = {n, rows}; rows 1 is
+ * nm_model_get_vec). */
+nm_status nm_model_get_rows(const nm_model *m, const char *name, int64_t n, int64_t rows,
+                            const float **out, nm_error *err);
 /* The same, or *out = NULL when the tensor is absent. */
 nm_status nm_model_get_vec_opt(const nm_model *m, const char *name, int64_t n, const float **out,
                                nm_error *err);
@@ -186,6 +195,12 @@ typedef struct nm_weight_spec {
      * expert_shared_feed_forward_length (qwen2moe); without
      * ffn_gate_inp_shexp when hp.shexp_ungated (deepseek2) */
     nm_presence shared_expert;
+    nm_presence attn_sinks;  /* attn_sinks.weight [n_head] (gpt-oss) */
+    nm_presence router_bias; /* ffn_gate_inp.bias */
+    nm_presence expert_bias; /* ffn_{gate,up,down}_exps.bias */
+    /* the FFN norm's tensor, "blk.N.<name>.weight"; NULL: "ffn_norm"
+     * (gpt-oss names it "post_attention_norm") */
+    const char *ffn_norm_name;
 } nm_weight_spec;
 
 /* Reads the hyperparameters every MoE architecture shares ("<arch>.*":
@@ -220,7 +235,8 @@ int64_t nm_model_q_width(const nm_hparams *hp);
 void nm_model_norm(const nm_hparams *hp, const float *x, const float *w, const float *b, float *y,
                    int64_t n);
 /* RoPE of x: [n_head][head_dim] at pos, by hp->rope, with optional frequency
- * factors [n_rot / 2] and hp->rope_attn_factor, as ggml's rope_ext does. */
+ * factors [n_rot / 2], hp->rope_attn_factor and hp's scaling (YaRN), as
+ * ggml's rope_ext does. */
 void nm_model_rope(const nm_hparams *hp, const float *freq_factors, float *x, int n_head,
                    int32_t pos);
 /* Rounds n floats to F16 and back (llama.cpp converts activations to F16
@@ -237,6 +253,10 @@ void nm_route_softmax_topk(const nm_hparams *hp, const float *logits, int32_t *i
  * hp.expert_weights_scale. */
 void nm_route_deepseek(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
                        float *probs);
+/* gpt-oss: the k largest logits (ties to the lower id), weighted by a
+ * softmax over those k logits alone. */
+void nm_route_topk_softmax(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
+                           float *probs);
 /* PhiMoE's "sparsemixer" at inference: k times, the best remaining expert,
  * weighted by its probability in a softmax over the remaining experts whose
  * logits are within a relative gap of 2 * router_jitter of it; no
@@ -366,5 +386,6 @@ extern const nm_arch nm_arch_llama;
 extern const nm_arch nm_arch_phimoe;
 extern const nm_arch nm_arch_qwen2moe;
 extern const nm_arch nm_arch_deepseek2;
+extern const nm_arch nm_arch_gptoss;
 
 #endif /* NM_MODEL_H */

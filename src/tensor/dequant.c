@@ -30,6 +30,17 @@ static void q4_0_block(const uint8_t *blk, float *dst) {
         dst[i + NM_Q4_0_BLOCK / 2] = (float)((qs[i] >> 4) - 8) * d;
 }
 
+const int8_t nm_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static void mxfp4_block(const uint8_t *blk, float *dst) {
+    const float d = nm_e8m0_half_to_f32(blk[0]);
+    const uint8_t *qs = blk + 1;
+    for (int i = 0; i < NM_MXFP4_BLOCK / 2; i++) {
+        dst[i] = d * (float)nm_mxfp4_values[qs[i] & 0x0f];
+        dst[i + NM_MXFP4_BLOCK / 2] = d * (float)nm_mxfp4_values[qs[i] >> 4];
+    }
+}
+
 /* Q4_K and Q5_K share everything but the fifth bit; qh is NULL for Q4_K. */
 static void q45_k_block(const uint8_t *blk, const uint8_t *qh, const uint8_t *qs, float *dst) {
     const float d = load_f16(blk), dmin = load_f16(blk + 2);
@@ -94,6 +105,11 @@ void nm_dequantize_row(nm_dtype type, const void *src, float *dst, int64_t n) {
         NM_ASSERT(n % NM_Q4_0_BLOCK == 0);
         for (int64_t b = 0; b < n / NM_Q4_0_BLOCK; b++)
             q4_0_block(p + b * NM_Q4_0_BYTES, dst + b * NM_Q4_0_BLOCK);
+        return;
+    case NM_DTYPE_MXFP4:
+        NM_ASSERT(n % NM_MXFP4_BLOCK == 0);
+        for (int64_t b = 0; b < n / NM_MXFP4_BLOCK; b++)
+            mxfp4_block(p + b * NM_MXFP4_BYTES, dst + b * NM_MXFP4_BLOCK);
         return;
     case NM_DTYPE_Q4_K:
         NM_ASSERT(n % NM_QK_K == 0);

@@ -347,6 +347,30 @@ static void bf16_block(const float *x, uint8_t *blk) {
     memcpy(blk, &b, 2);
 }
 
+/* MXFP4 as ggml's reference rounds it: e = floor(log2 max|x|) - 2 + 127
+ * (from frexp, exact everywhere), so the largest value lands in the top
+ * binade of the doubled E2M1 values (8 or 12 times 2^(e - 128)); each value
+ * the nearest of the 16, the first on ties; an all-zero block stays zero. */
+static void mxfp4_block(const float *x, uint8_t *blk) {
+    memset(blk, 0, NM_MXFP4_BYTES);
+    float amax = 0.0f;
+    for (int i = 0; i < NM_MXFP4_BLOCK; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    if (amax == 0.0f) return;
+    int exp2;
+    frexpf(amax, &exp2); /* amax in [2^(exp2 - 1), 2^exp2) */
+    const int e = exp2 - 1 - 2 + 127;
+    blk[0] = (uint8_t)(e < 0 ? 0 : e);
+    const float d = nm_e8m0_half_to_f32(blk[0]);
+    for (int i = 0; i < NM_MXFP4_BLOCK; i++) {
+        int best = 0;
+        for (int v = 1; v < 16; v++)
+            if (fabsf(x[i] - d * nm_mxfp4_values[v]) < fabsf(x[i] - d * nm_mxfp4_values[best]))
+                best = v;
+        blk[1 + i % 16] |= (uint8_t)(i < 16 ? best : best << 4);
+    }
+}
+
 /* ---- entry points ----------------------------------------------------------- */
 
 typedef struct quant_kind {
@@ -365,6 +389,7 @@ static const quant_kind kinds[NM_DTYPE_COUNT] = {
     [NM_DTYPE_Q4_K] = {SUPER, NM_Q4_K_BYTES, 15 * 63 * HALF_MAX, q4_k_block, 2, {0, 2}},
     [NM_DTYPE_Q5_K] = {SUPER, NM_Q5_K_BYTES, 31 * 63 * HALF_MAX, q5_k_block, 2, {0, 2}},
     [NM_DTYPE_Q6_K] = {SUPER, NM_Q6_K_BYTES, 32 * 128 * HALF_MAX, q6_k_block, 1, {208}},
+    [NM_DTYPE_MXFP4] = {NM_MXFP4_BLOCK, NM_MXFP4_BYTES, FLT_MAX, mxfp4_block, 0, {0}},
     /* rounded to nearest even; F16 refuses what would round to infinity */
     [NM_DTYPE_F32] = {1, 4, FLT_MAX, f32_block, 0, {0}},
     [NM_DTYPE_F16] = {1, 2, HALF_MAX, f16_block, 0, {0}},

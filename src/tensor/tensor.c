@@ -68,6 +68,7 @@ bool nm_dtype_is_supported(uint32_t type_id) {
     case NM_DTYPE_Q4_K:
     case NM_DTYPE_Q5_K:
     case NM_DTYPE_Q6_K:
+    case NM_DTYPE_MXFP4:
         return true;
     default:
         return false;

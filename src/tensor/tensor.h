@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ggml type ids. Gaps are ids ggml removed; they are invalid in a file. */
 typedef enum nm_dtype {
@@ -53,6 +54,22 @@ enum { NM_Q8_0_BLOCK = 32, NM_Q8_0_BYTES = 34 };
 /* Q4_0 block: an f16 scale d, then 16 bytes qs; element i < 16 is the low
  * nibble of qs[i], element 16 + i its high nibble; x = (q - 8) * d. */
 enum { NM_Q4_0_BLOCK = 32, NM_Q4_0_BYTES = 18 };
+
+/* MXFP4 block (OCP microscaling, as gpt-oss ships its experts): one E8M0
+ * scale byte e, then 16 bytes qs; element i < 16 is the low nibble of
+ * qs[i], element 16 + i its high nibble. A nibble is an E2M1 value, kept
+ * doubled as a small integer (nm_mxfp4_values: 0, 1, 2, 3, 4, 6, 8, 12 and
+ * their negatives), and the scale is halved to match: x = v * 2^(e - 128)
+ * (ggml's e8m0_to_fp32_half; e = 0 and 1 give 2^-128 and 2^-127). */
+enum { NM_MXFP4_BLOCK = 32, NM_MXFP4_BYTES = 17 };
+extern const int8_t nm_mxfp4_values[16];
+/* 2^(e - 128) as ggml computes it (denormal for e < 2). */
+static inline float nm_e8m0_half_to_f32(uint8_t e) {
+    const uint32_t bits = e >= 2 ? (uint32_t)(e - 1) << 23 : e == 1 ? 0x00400000u : 0x00200000u;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* K-quants: super-blocks of NM_QK_K = 256 elements. Byte layouts:
  * Q4_K (144): f16 d, f16 dmin, scales[12], qs[128]. Eight sub-blocks of 32
@@ -125,8 +142,8 @@ void nm_dequantize_row(nm_dtype type, const void *src, float *dst, int64_t n);
  * matrix), so the bytes equal ggml's and llama.cpp decodes them to the same
  * values. */
 
-/* Whether nm_quantize_row makes this type: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and
- * the float types F32, F16, BF16 (round to nearest even). */
+/* Whether nm_quantize_row makes this type: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+ * MXFP4, and the float types F32, F16, BF16 (round to nearest even). */
 bool nm_quantize_is_supported(uint32_t type_id);
 
 /* Quantises n floats of src (n a multiple of the type's block size) into

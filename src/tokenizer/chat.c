@@ -1,5 +1,6 @@
-/* The chat formats of Qwen3, Phi-3.5, Mixtral and DeepSeek-V2, written out in C from
- * the templates those models ship (see tokenizer.h), and their recognition. */
+/* The chat formats of Qwen3, Phi-3.5, Mixtral, DeepSeek-V2 and gpt-oss, written
+ * out in C from the templates those models ship (gpt-oss: as llama.cpp renders
+ * its harmony format; see tokenizer.h), and their recognition. */
 #include "tokenizer.h"
 
 #include "base/base.h"
@@ -11,14 +12,14 @@ static const char *const format_names[NM_CHAT_COUNT] = {
     [NM_CHAT_PHI3] = "phi3",
     [NM_CHAT_MISTRAL] = "mistral",
     [NM_CHAT_DEEPSEEK2] = "deepseek2",
+    [NM_CHAT_HARMONY] = "harmony",
 };
 _Static_assert(sizeof format_names / sizeof format_names[0] == NM_CHAT_COUNT,
                "one name per chat format");
 
 #define FALLBACK                                                                                   \
-    "choose one with --chat-template chatml|phi3|mistral|deepseek2, or drop --chat and give the "  \
-    "prompt "                                                                                      \
-    "already formatted"
+    "choose one with --chat-template chatml|phi3|mistral|deepseek2|harmony, or drop --chat and "   \
+    "give the prompt already formatted"
 
 const char *nm_chat_format_name(nm_chat_format f) {
     return f >= 0 && f < NM_CHAT_COUNT ? format_names[f] : "?";
@@ -30,12 +31,13 @@ nm_status nm_chat_format_parse(const char *name, nm_chat_format *out, nm_error *
             *out = (nm_chat_format)f;
             return NM_OK;
         }
-    if (name && strcmp(name, "qwen3") == 0) {
-        *out = NM_CHAT_CHATML;
+    if (name && (strcmp(name, "qwen3") == 0 || strcmp(name, "gpt-oss") == 0)) {
+        *out = strcmp(name, "qwen3") == 0 ? NM_CHAT_CHATML : NM_CHAT_HARMONY;
         return NM_OK;
     }
     return nm_errorf(err, NM_ERR_INVALID_ARG,
-                     "unknown chat template '%s' (known: chatml (qwen3), phi3, mistral, deepseek2)",
+                     "unknown chat template '%s' (known: chatml (qwen3), phi3, mistral, "
+                     "deepseek2, harmony (gpt-oss))",
                      name ? name : "(null)");
 }
 
@@ -61,10 +63,12 @@ nm_status nm_chat_detect(const nm_gguf *gguf, nm_chat_format *out, nm_error *err
         *out = NM_CHAT_MISTRAL;
     else if (has(t, "'Assistant: ' + message['content'] + eos_token")) /* as llama.cpp tells it */
         *out = NM_CHAT_DEEPSEEK2;
+    else if (has(t, "<|start|>") && has(t, "<|channel|>"))
+        *out = NM_CHAT_HARMONY;
     else
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "the model's chat template (\"%.*s...\") is not one npumoe knows "
-                         "(Qwen3/ChatML, Phi-3.5, Mixtral, DeepSeek-V2); " FALLBACK,
+                         "(Qwen3/ChatML, Phi-3.5, Mixtral, DeepSeek-V2, gpt-oss/harmony); " FALLBACK,
                          (int)(t.len < 40 ? t.len : 40), t.ptr);
     return NM_OK;
 }
@@ -170,6 +174,21 @@ static void put_deepseek2(text_buf *b, const nm_chat_message *m, size_t n, bool 
     if (add_gen) put(b, "Assistant:");
 }
 
+/* gpt-oss's harmony as llama.cpp renders it: every message, an empty
+ * system one included, as <|start|>role<|message|>content, closed by
+ * <|return|> (an answer) or <|end|>; the generation prompt
+ * <|start|>assistant. */
+static void put_harmony(text_buf *b, const nm_chat_message *m, size_t n, bool add_gen) {
+    for (size_t i = 0; i < n; i++) {
+        put(b, "<|start|>");
+        put(b, m[i].role);
+        put(b, "<|message|>");
+        put(b, m[i].content);
+        put(b, strcmp(m[i].role, "assistant") == 0 ? "<|return|>" : "<|end|>");
+    }
+    if (add_gen) put(b, "<|start|>assistant");
+}
+
 nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size_t n_messages,
                          bool add_generation_prompt, char **out, size_t *n_out, nm_error *err) {
     *out = NULL;
@@ -184,6 +203,8 @@ nm_status nm_chat_render(nm_chat_format f, const nm_chat_message *messages, size
         put_mistral(&b, messages, n_messages);
     else if (f == NM_CHAT_DEEPSEEK2)
         put_deepseek2(&b, messages, n_messages, add_generation_prompt);
+    else if (f == NM_CHAT_HARMONY)
+        put_harmony(&b, messages, n_messages, add_generation_prompt);
     else
         put_tagged(&b, f, messages, n_messages, add_generation_prompt);
     if (!b.ok) {

@@ -88,14 +88,21 @@ int32_t nm_tokenizer_piece(const nm_tokenizer *tok, int32_t id, bool render_spec
  * formatted). */
 
 typedef enum nm_chat_format {
-    NM_CHAT_CHATML,    /* Qwen3 (and Qwen2): <|im_start|>role\n...<|im_end|>\n */
-    NM_CHAT_PHI3,      /* Phi-3 / Phi-3.5(-MoE): <|user|>\n...<|end|>\n<|assistant|>\n */
-    NM_CHAT_MISTRAL,   /* Mixtral / Mistral v0.1 and Llama-2: [INST] ... [/INST] */
+    NM_CHAT_CHATML,  /* Qwen3 (and Qwen2): <|im_start|>role\n...<|im_end|>\n */
+    NM_CHAT_PHI3,    /* Phi-3 / Phi-3.5(-MoE): <|user|>\n...<|end|>\n<|assistant|>\n */
+    NM_CHAT_MISTRAL, /* Mixtral / Mistral v0.1 and Llama-2: [INST] ... [/INST] */
     NM_CHAT_DEEPSEEK2, /* DeepSeek-V2(-Lite)-Chat: User: ...\n\nAssistant: */
+    /* gpt-oss's harmony, as llama.cpp's built-in rendering (ik_llama.cpp's
+     * llama_chat_apply_template): <|start|>role<|message|>...<|end|>, an
+     * answer closed by <|return|>, the prompt <|start|>assistant; not the
+     * full jinja template (no default system preamble, no channels) */
+    NM_CHAT_HARMONY,
     NM_CHAT_COUNT
 } nm_chat_format;
 
-/* "chatml" (alias "qwen3"), "phi3", "mistral", "deepseek2"; anything else is
+/* "chatml" (alias "qwen3"), "phi3", "mistral", "deepseek2", "harmony" (alias
+ * "gpt-oss");
+ * anything else is
  * NM_ERR_INVALID_ARG listing the names. */
 nm_status nm_chat_format_parse(const char *name, nm_chat_format *out, nm_error *err);
 const char *nm_chat_format_name(nm_chat_format f);

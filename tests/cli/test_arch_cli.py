@@ -9,6 +9,9 @@ other. qwen2moe (tests/vectors/tiny-qwen2moe): `logits` against llama.cpp's,
 `info` names the shared expert, `run --chat` renders chatml. deepseek2
 (tests/vectors/tiny-deepseek2*): `logits` against llama.cpp's, `info`, and
 calibrate -> profile -> plan -> run --plan, the plan over the MoE layers.
+`info` names the shared expert, `run --chat` renders chatml. gpt-oss
+(tests/vectors/tiny-gptoss): `logits` against ik_llama.cpp's, `info`
+names YaRN and the window.
 
 Usage: /usr/bin/python3 tests/cli/test_arch_cli.py PATH/TO/npumoe --vectors DIR
 """
@@ -58,6 +61,27 @@ def max_rel(a, b, n_vocab, rows):
         d = max(abs(x - y) for x, y in zip(ra, rb))
         worst = max(worst, d / max(abs(y) for y in rb))
     return worst
+
+
+def golden_logits(binary, folder, extra, tol):
+    """Prompt 1's logits at every position through `npumoe logits` against
+    the goldens of tests/vectors/FOLDER (4099-token vocabulary); returns
+    the model's path."""
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vectors", folder)
+    model = os.path.join(d, "model.gguf")
+    with open(os.path.join(d, "prompts.txt")) as f:
+        prompt = f.read().splitlines()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "l.f32")
+        rc, _, err = run(binary, ["logits", "-m", model, "--tokens", prompt, "--all", "-o", out] +
+                         extra)
+        check(rc == 0, "%s logits" % folder, err)
+        if rc == 0:
+            e = max_rel(read_f32(out), read_f32(os.path.join(d, "logits_1.f32")), 4099,
+                        list(range(len(prompt.split()))))
+            print("%s prompt 1: max rel vs the goldens %.3g" % (folder, e))
+            check(e < tol, "%s logits distance %.3g" % (folder, e))
+    return model
 
 
 def main():
@@ -122,20 +146,7 @@ def main():
                       "semantics distance", "%s" % r)
 
     # qwen2moe: the golden logits through the command, info, chatml
-    q2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vectors", "tiny-qwen2moe")
-    q2_model = os.path.join(q2, "model.gguf")
-    with open(os.path.join(q2, "prompts.txt")) as f:
-        q2_prompt = f.read().splitlines()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "l.f32")
-        rc, _, err = run(bin_, ["logits", "-m", q2_model, "--tokens", q2_prompt, "--all", "-o", out,
-                                "--compat", "llama.cpp"])
-        check(rc == 0, "qwen2moe logits", err)
-        if rc == 0:
-            e = max_rel(read_f32(out), read_f32(os.path.join(q2, "logits_1.f32")), 4099,
-                        list(range(len(q2_prompt.split()))))
-            print("tiny-qwen2moe prompt 1: max rel vs llama.cpp %.3g" % e)
-            check(e < 1e-5, "qwen2moe logits distance %.3g" % e)
+    q2_model = golden_logits(bin_, "tiny-qwen2moe", ["--compat", "llama.cpp"], 1e-5)
     rc, out, err = run(bin_, ["info", "-m", q2_model])
     check(rc == 0 and "architecture:        qwen2moe" in out and "shared expert:       d_ff 32" in out,
           "qwen2moe info", out + err)
@@ -224,6 +235,12 @@ def main():
             expect_error(bin_, ["run", "-m", os.path.join(vec, "tiny-deepseek2-qlora", "model.gguf"),
                                 "--plan", plan, "-p", "x"], "fingerprint",
                          "a deepseek2 plan for another model")
+    # gpt-oss: the golden logits (ik_llama.cpp) through the command, info
+    go_model = golden_logits(bin_, "tiny-gptoss", [], 5e-4)
+    rc, out, err = run(bin_, ["info", "-m", go_model])
+    check(rc == 0 and "architecture:        gpt-oss" in out and
+          "rope scaling:        yarn, factor 32 over 4096 positions" in out and
+          "a window of 16 keys" in out, "gpt-oss info", out + err)
 
     # errors, one line each, naming what to do
     expect_error(bin_, ["run", "-m", mixtral, "-p", "Hi", "--chat"], "--chat-template",

@@ -165,11 +165,11 @@ static const option_def option_table[] = {
      "candidate's semantics (default: --compat); e.g. phimoe as trained vs llama.cpp's"},
     {"chat", 0, KIND_FLAG, F(chat), 0, 0, CMD_RUN, NULL,
      "format the prompt as a user message with the model's chat template (Qwen3, Phi-3.5, "
-     "Mixtral)"},
-    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral|deepseek2",
+     "Mixtral, DeepSeek-V2, gpt-oss)"},
+    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral|deepseek2|harmony",
      "with --chat: use this format instead of recognising the file's template"},
     {"system", 0, KIND_STR, F(system), 0, 0, CMD_RUN, "TEXT", "with --chat: a system message"},
-    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_SERVE, "chatml|phi3|mistral|deepseek2",
+    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_SERVE, "chatml|phi3|mistral|deepseek2|harmony",
      "the format of /v1/chat/completions' messages (default: the file's template)"},
     {"host", 0, KIND_STR, F(host), 0, 0, CMD_SERVE, "ADDR",
      "address to listen on (default 127.0.0.1); any other than loopback needs --api-key or "

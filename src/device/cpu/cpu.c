@@ -55,7 +55,8 @@ struct nm_graph {
     nm_cpu_dense *dense; /* a dense-part graph (dense.c); NULL: an FFN graph */
     int32_t layer;
     int32_t n_slots;
-    slot *slots; /* [n_slots] */
+    slot *slots;         /* [n_slots] */
+    nm_expert_weights w; /* the layer's experts (biases, activation) */
     int64_t d_model;
     int64_t d_ff;
     int64_t n_rows; /* sum of capacities */
@@ -90,8 +91,11 @@ static void ffn_gate_up_task(void *p, int i, int thread) {
     float *u = g->u + s->row0 * ff;
     nm_matmul_forward(&s->gate, x, dm, s->rows, h, ff, j0, j1);
     nm_matmul_forward(&s->up, x, dm, s->rows, u, ff, j0, j1);
-    for (int64_t r = 0; r < s->rows; r++)
-        nm_swiglu_forward(h + r * ff + j0, u + r * ff + j0, h + r * ff + j0, j1 - j0);
+    if (nm_expert_weights_plain(&g->w))
+        for (int64_t r = 0; r < s->rows; r++)
+            nm_swiglu_forward(h + r * ff + j0, u + r * ff + j0, h + r * ff + j0, j1 - j0);
+    else
+        nm_expert_glu_forward(&g->w, s->expert, h, u, ff, s->rows, j0, j1);
 }
 
 /* Phase 2: down over the slot's rows for one tile of d_model columns. */
@@ -103,6 +107,7 @@ static void ffn_down_task(void *p, int i, int thread) {
     const int64_t j1 = j0 + g->cols_dm < dm ? j0 + g->cols_dm : dm;
     nm_matmul_forward(&s->down, g->h + s->row0 * ff, ff, s->rows, g->out + s->row0 * dm, dm, j0,
                       j1);
+    nm_expert_down_bias(&g->w, s->expert, g->out + s->row0 * dm, dm, s->rows, j0, j1);
 }
 
 static void run_graph(cpu_device *d, nm_graph *g) {
@@ -254,6 +259,7 @@ static nm_status cpu_compile(nm_device *dev, const nm_ffn_spec *spec, nm_graph *
                          spec->layer, (long long)n_rows, bytes);
     }
     const nm_expert_weights *w = spec->weights;
+    g->w = *w;
     int64_t row = 0;
     for (int32_t i = 0; i < spec->n_experts; i++) {
         slot *s = &g->slots[i];
@@ -415,6 +421,7 @@ static const nm_device_ops cpu_ops = {
     .stats = cpu_stats,
     .free = cpu_free,
     /* every form the host's own layer computes */
+    .ffn_features = NM_FFN_F_BIAS | NM_FFN_F_SWIGLU_OAI,
     .dense_features = (1u << NM_DENSE_F_COUNT) - 1,
     .compile_dense = cpu_compile_dense,
     .submit_dense = cpu_submit_dense,

@@ -112,11 +112,11 @@ static void attention_task(void *p, int t, int thread) {
     float *out = g->att + (size_t)t * g->q_dim;
     const int32_t n_kv = g->pos + t + 1;
     if (s->kv_type == NM_KV_F16)
-        nm_attention_f16_forward(qt, g->k, g->v, g->kv_dim, n_kv, s->n_head, s->n_head_kv,
-                                 s->head_dim, s->attn_scale, out, scores);
+        nm_attention_f16_forward(qt, g->k, g->v, g->kv_dim, 0, n_kv, s->n_head, s->n_head_kv,
+                                 s->head_dim, s->attn_scale, NULL, out, scores);
     else
-        nm_attention_forward(qt, g->k, g->v, g->kv_dim, n_kv, s->n_head, s->n_head_kv, s->head_dim,
-                             s->attn_scale, out, scores);
+        nm_attention_forward(qt, g->k, g->v, g->kv_dim, 0, n_kv, s->n_head, s->n_head_kv,
+                             s->head_dim, s->attn_scale, NULL, out, scores);
     if (g->round_o) round_f16(out, g->q_dim);
 }
 

@@ -112,7 +112,47 @@ void nm_norm_bias_forward(bool layer, const float *x, const float *w, const floa
 
 void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos, float freq_base,
                      bool neox, const float *freq_factors, float attn_factor) {
-    if (neox && !freq_factors && attn_factor == 1.0f) {
+    nm_rope_ext_forward(x, n_head, head_dim, n_rot, pos, freq_base, neox, freq_factors, attn_factor,
+                        NULL);
+}
+
+static float yarn_corr_dim(int n_rot, int32_t n_ctx_orig, float rotations, float base) {
+    return (float)n_rot * logf((float)n_ctx_orig / (rotations * 2 * (float)M_PI)) /
+           (2 * logf(base));
+}
+
+nm_rope_yarn nm_rope_yarn_make(int n_rot, int32_t n_ctx_orig, float freq_base, float factor,
+                               float beta_fast, float beta_slow) {
+    const float start = floorf(yarn_corr_dim(n_rot, n_ctx_orig, beta_fast, freq_base));
+    const float end = ceilf(yarn_corr_dim(n_rot, n_ctx_orig, beta_slow, freq_base));
+    return (nm_rope_yarn){
+        .freq_scale = 1.0f / factor,
+        .ext_factor = 1.0f,
+        .corr_dims = {start > 0 ? start : 0, end < (float)(n_rot - 1) ? end : (float)(n_rot - 1)}};
+}
+
+/* Pair i's angle t (before YaRN) into cos and sin with YaRN's mix. */
+static void yarn_angle(const nm_rope_yarn *y, float t, int i, float attn_factor, float *c,
+                       float *s) {
+    float theta = t, mscale = attn_factor;
+    if (y) {
+        theta = y->freq_scale * t;
+        if (y->ext_factor != 0.0f) {
+            const float r =
+                ((float)i - y->corr_dims[0]) / fmaxf(0.001f, y->corr_dims[1] - y->corr_dims[0]);
+            const float ramp = (1 - fminf(1, fmaxf(0, r))) * y->ext_factor;
+            theta = theta * (1 - ramp) + t * ramp;
+            mscale *= 1.0f + 0.1f * logf(1.0f / y->freq_scale);
+        }
+    }
+    *c = cosf(theta) * mscale;
+    *s = sinf(theta) * mscale;
+}
+
+void nm_rope_ext_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
+                         float freq_base, bool neox, const float *freq_factors, float attn_factor,
+                         const nm_rope_yarn *yarn) {
+    if (neox && !freq_factors && attn_factor == 1.0f && !yarn) {
         nm_rope_neox_forward(x, n_head, head_dim, n_rot, pos, freq_base);
         return;
     }
@@ -122,7 +162,8 @@ void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
     float theta = (float)pos;
     for (int i = 0; i < half; i++) {
         const float t = freq_factors ? theta / freq_factors[i] : theta;
-        const float c = cosf(t) * attn_factor, s = sinf(t) * attn_factor;
+        float c, s;
+        yarn_angle(yarn, t, i, attn_factor, &c, &s);
         const int a = neox ? i : 2 * i;
         const int b = neox ? i + half : 2 * i + 1;
         for (int h = 0; h < n_head; h++) {
@@ -135,15 +176,20 @@ void nm_rope_forward(float *x, int n_head, int head_dim, int n_rot, int32_t pos,
     }
 }
 
-void nm_softmax_forward(float *x, int64_t n) {
+void nm_softmax_forward(float *x, int64_t n) { nm_softmax_sink_forward(x, n, -INFINITY); }
+
+void nm_softmax_sink_forward(float *x, int64_t n, float sink) {
     float max = -INFINITY;
     for (int64_t i = 0; i < n; i++)
         if (x[i] > max) max = x[i];
+    if (sink > max) max = sink;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
         x[i] = expf(x[i] - max);
         sum += x[i];
     }
+    /* after the values, as ggml adds it; exp(-inf) adds nothing */
+    sum += (double)expf(sink - max);
     const float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++)
         x[i] *= inv;
@@ -154,9 +200,18 @@ void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n) {
         h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void nm_swiglu_oai_forward(const float *g, const float *u, float *h, int64_t n, float alpha,
+                           float limit) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = fminf(g[i], limit), y = fmaxf(fminf(u[i], limit), -limit);
+        h[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+    }
+}
+
 void nm_attention_ref_forward(const float *q, const float *k_cache, const float *v_cache,
                               int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                              int head_dim, float scale, float *out, float *scores) {
+                              int head_dim, float scale, const float *sinks, float *out,
+                              float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
@@ -164,7 +219,7 @@ void nm_attention_ref_forward(const float *q, const float *k_cache, const float 
         const int64_t kv_off = (int64_t)(h / group) * head_dim;
         for (int32_t t = 0; t < n_kv; t++)
             scores[t] = dot_f32(qh, k_cache + t * kv_stride + kv_off, head_dim) * scale;
-        nm_softmax_forward(scores, n_kv);
+        nm_softmax_sink_forward(scores, n_kv, sinks ? sinks[h] : -INFINITY);
         float *oh = out + (size_t)h * head_dim;
         memset(oh, 0, (size_t)head_dim * sizeof(float));
         for (int32_t t = 0; t < n_kv; t++) {
@@ -178,7 +233,8 @@ void nm_attention_ref_forward(const float *q, const float *k_cache, const float 
 
 void nm_attention_f16_ref_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                   int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                                  int head_dim, float scale, float *out, float *scores) {
+                                  int head_dim, float scale, const float *sinks, float *out,
+                                  float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
@@ -191,7 +247,7 @@ void nm_attention_f16_ref_forward(const float *q, const uint16_t *k_cache, const
                 sum += qh[d] * nm_f16_to_f32(kt[d]);
             scores[t] = sum * scale;
         }
-        nm_softmax_forward(scores, n_kv);
+        nm_softmax_sink_forward(scores, n_kv, sinks ? sinks[h] : -INFINITY);
         float *oh = out + (size_t)h * head_dim;
         memset(oh, 0, (size_t)head_dim * sizeof(float));
         for (int32_t t = 0; t < n_kv; t++) {

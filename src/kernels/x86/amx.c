@@ -377,7 +377,7 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
     NM_ASSERT(k % fetch_k == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_vnni_block_quant(type));
     const int64_t kc = k < KC ? k : KC;
     const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
     int64_t rb = XBUF_BYTES / row_q_bytes / MT * MT;

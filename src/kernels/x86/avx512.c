@@ -11,6 +11,7 @@
 #include "tensor/tensor.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -241,9 +242,26 @@ ALWAYS_INLINE void dequant_q6_k(const uint8_t *blk, float *dst) {
     }
 }
 
+/* One MXFP4 block: the nibbles index a table of the 16 values as floats
+ * (vpermps), times the block's power of two: d * (float)v, as the scalar
+ * code rounds it (exactly: a small integer times a power of two). */
+ALWAYS_INLINE void dequant_mxfp4(const uint8_t *blk, float *dst) {
+    const __m512 values =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)nm_mxfp4_values)));
+    const __m512 d = _mm512_set1_ps(nm_e8m0_half_to_f32(blk[0]));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 1)));
+    const __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0f)), hi = _mm512_srli_epi32(q, 4);
+    _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_permutexvar_ps(lo, values)));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(hi, values)));
+}
+
 /* n (<= QCHUNK, whole blocks) values of a quantised row from src. */
 ALWAYS_INLINE void dequant_chunk(uint32_t type, const uint8_t *src, float *dst, int64_t n) {
     switch (type) {
+    case NM_DTYPE_MXFP4:
+        for (int64_t b = 0; b < n / NM_MXFP4_BLOCK; b++)
+            dequant_mxfp4(src + b * NM_MXFP4_BYTES, dst + b * NM_MXFP4_BLOCK);
+        return;
     case NM_DTYPE_Q4_0:
         for (int64_t b = 0; b < n / NM_Q4_0_BLOCK; b++)
             dequant_q4_0(src + b * NM_Q4_0_BYTES, dst + b * NM_Q4_0_BLOCK);
@@ -271,6 +289,10 @@ void nm_dequantize_avx512_row(uint32_t type, const void *src, float *dst, int64_
     case NM_DTYPE_Q4_0:
         NM_ASSERT(n % NM_Q4_0_BLOCK == 0);
         dequant_row(NM_DTYPE_Q4_0, src, dst, n);
+        return;
+    case NM_DTYPE_MXFP4:
+        NM_ASSERT(n % NM_MXFP4_BLOCK == 0);
+        dequant_row(NM_DTYPE_MXFP4, src, dst, n);
         return;
     case NM_DTYPE_Q4_K:
         NM_ASSERT(n % NM_QK_K == 0);
@@ -607,14 +629,15 @@ ALWAYS_INLINE void values_regs(int nch, const float *p, const float *v, int64_t 
 
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                                 int head_dim, float scale, float *out, float *scores) {
+                                 int head_dim, float scale, const float *sinks, float *out,
+                                 float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
         const float *qh = q + (size_t)h * head_dim;
         const int64_t kv_off = (int64_t)(h / group) * head_dim;
         scores_forward(qh, k_cache + kv_off, kv_stride, n_kv, head_dim, scale, scores);
-        nm_softmax_forward(scores, n_kv);
+        nm_softmax_sink_forward(scores, n_kv, sinks ? sinks[h] : -INFINITY);
         float *oh = out + (size_t)h * head_dim;
         const float *v = v_cache + kv_off;
         switch (head_dim) {
@@ -642,7 +665,7 @@ ALWAYS_INLINE __m512 load_h16(const uint16_t *p, __mmask16 mask) {
 void nm_attention_f16_avx512_forward(const float *q, const uint16_t *k_cache,
                                      const uint16_t *v_cache, int64_t kv_stride, int32_t n_kv,
                                      int n_head, int n_head_kv, int head_dim, float scale,
-                                     float *out, float *scores) {
+                                     const float *sinks, float *out, float *scores) {
     NM_ASSERT(n_head % n_head_kv == 0);
     const int group = n_head / n_head_kv;
     for (int h = 0; h < n_head; h++) {
@@ -658,7 +681,7 @@ void nm_attention_f16_avx512_forward(const float *q, const uint16_t *k_cache,
             }
             scores[t] = _mm512_reduce_add_ps(acc) * scale;
         }
-        nm_softmax_forward(scores, n_kv);
+        nm_softmax_sink_forward(scores, n_kv, sinks ? sinks[h] : -INFINITY);
         float *oh = out + (size_t)h * head_dim;
         for (int d = 0; d < head_dim; d += 16) {
             const __mmask16 m =

@@ -182,7 +182,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
     /* rows in whole groups of the panel16 layout (0 in the file's) */
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_vnni_block_quant(type));
     /* Several row tiles share a panel, repacked once per row block; one tile
      * (m <= RT_MAX) transposes the weights in registers as it goes. */
     const int use_panel = m > RT_MAX;
@@ -270,7 +270,7 @@ static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off,
 
 void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
     const uint32_t type = w->type;
-    NM_ASSERT(nm_kernels_is_block_quant(type) && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(nm_kernels_is_vnni_block_quant(type) && w->layout == NM_LAYOUT_ROWS);
     NM_ASSERT(w->k % (QB * units_per_fetch(type)) == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const size_t fb = fetch_bytes(type);

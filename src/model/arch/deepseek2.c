@@ -31,18 +31,19 @@ static nm_status rope_scaling(nm_model *m, nm_error *err) {
     if (!(factor == 0.0f || (factor >= 1.0f && factor < 1e6f)))
         return nm_errorf(err, NM_ERR_FORMAT, "deepseek2.rope.scaling.factor %g is not in [1, 1e6)",
                          (double)factor);
-    hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
-    hp->rope_ext_factor = 0.0f;
-    if (nm_gguf_str_eq(type, "yarn"))
-        hp->rope_ext_factor = 1.0f;
-    else if (nm_gguf_str_eq(type, "none"))
-        hp->rope_freq_scale = 1.0f;
-    else if (!nm_gguf_str_eq(type, "linear"))
+    const bool yarn = nm_gguf_str_eq(type, "yarn"), linear = nm_gguf_str_eq(type, "linear");
+    if (!yarn && !linear && !nm_gguf_str_eq(type, "none"))
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "deepseek2.rope.scaling.type '%.*s' is not supported (none, linear, yarn)",
                          (int)(type.len > 32 ? 32 : type.len), type.ptr);
-    hp->yarn_beta_fast = 32.0f; /* llama.cpp's defaults; the file has no keys */
-    hp->yarn_beta_slow = 1.0f;
+    const float fs = (yarn || linear) && factor != 0.0f ? 1.0f / factor : 1.0f;
+    hp->rope_scaled = fs != 1.0f || yarn;
+    if (hp->rope_scaled) {
+        /* beta_fast 32, beta_slow 1: llama.cpp's defaults; the file has no keys */
+        hp->rope_yarn = nm_rope_yarn_make(hp->n_rot, hp->n_ctx_orig, hp->rope_freq_base,
+                                          1.0f / fs, 32.0f, 1.0f);
+        if (!yarn) hp->rope_yarn.ext_factor = 0.0f;
+    }
     /* llama.cpp's deepseek2 graph: the file's attn_factor and the log
      * multiplier make the q.k scale; RoPE's own magnitude is
      * 1 / (1 + 0.1 ln(1 / freq_scale)), which YaRN's rope multiplies back */
@@ -55,7 +56,6 @@ static nm_status rope_scaling(nm_model *m, nm_error *err) {
                          "deepseek2 rope.scaling.attn_factor %g or yarn_log_multiplier %g is out "
                          "of range",
                          (double)attn_factor, (double)log_mul);
-    const float fs = hp->rope_freq_scale;
     const float mscale = attn_factor * (1.0f + log_mul * logf(1.0f / fs));
     hp->attn_scale = 1.0f * mscale * mscale / sqrtf((float)hp->head_dim);
     hp->rope_attn_factor = 1.0f / (1.0f + 0.1f * logf(1.0f / fs));

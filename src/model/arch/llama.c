@@ -13,8 +13,7 @@ static nm_status load(nm_model *m, nm_error *err) {
     m->route = nm_route_softmax_topk_renorm;
     nm_status st = nm_model_load_hparams(m, err);
     if (st != NM_OK) return st;
-    const nm_weight_spec spec = {NM_ABSENT, NM_OPTIONAL, NM_ABSENT,
-                                 NM_ABSENT, NM_ABSENT,   NM_ABSENT};
+    const nm_weight_spec spec = {.attn_bias = NM_OPTIONAL};
     return nm_model_load_weights(m, &spec, err);
 }
 

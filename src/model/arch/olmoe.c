@@ -12,7 +12,7 @@ static nm_status load(nm_model *m, nm_error *err) {
     m->route = nm_route_softmax_topk;
     nm_status st = nm_model_load_hparams(m, err);
     if (st != NM_OK) return st;
-    const nm_weight_spec spec = {NM_ABSENT, NM_ABSENT, NM_ABSENT, NM_ABSENT, NM_ABSENT, NM_ABSENT};
+    const nm_weight_spec spec = {.norm_bias = NM_ABSENT}; /* nothing optional */
     return nm_model_load_weights(m, &spec, err);
 }
 

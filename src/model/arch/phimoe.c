@@ -27,8 +27,10 @@ static nm_status load(nm_model *m, nm_error *err) {
         nm_model_hparam_f32(m, "rope.scaling.attn_factor", false, &m->hp.rope_attn_factor, err);
     if (st == NM_OK) st = nm_model_load_hparams(m, err);
     if (st != NM_OK) return st;
-    const nm_weight_spec spec = {NM_REQUIRED, NM_REQUIRED, NM_REQUIRED,
-                                 NM_OPTIONAL, NM_ABSENT,   NM_ABSENT};
+    const nm_weight_spec spec = {.norm_bias = NM_REQUIRED,
+                                 .attn_bias = NM_REQUIRED,
+                                 .output_bias = NM_REQUIRED,
+                                 .rope_factors = NM_OPTIONAL};
     return nm_model_load_weights(m, &spec, err);
 }
 
