@@ -525,6 +525,17 @@ typedef struct nm_profile {
      * layers) over a chunk of `chunk` tokens; never below 0. */
     int32_t chunk;
     double host_overhead_ms;
+    /* The dense part of the model's first layer (graph kind 2: norms,
+     * projections, RoPE, attention, router logits) over one chunk of
+     * `chunk` tokens at position 0, median of reps: one launch on the
+     * device with the copies of its input and outputs, and the host doing
+     * the same work on its pool; routing included on both sides. 0 for
+     * both: not measured (a device without dense graphs for the model's
+     * form, or a profile file written before they were measured); the
+     * planner then puts a layer's dense part where its experts' groups
+     * are (on the device when one of its groups is). */
+    double dense_device_ms;
+    double dense_host_ms;
     int32_t n_points;
     nm_profile_point *points; /* [n_points], experts outer, capacity inner */
 } nm_profile;
@@ -558,6 +569,23 @@ nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);
 void nm_profile_free(nm_profile *profile);
 
 /* ---- plan: tiers, groups, residency ------------------------------------------ */
+
+/* Where a plan puts the dense part of a layer (graph kind 2). */
+typedef enum nm_dense_placement {
+    /* the device when the profile measured its dense graph cheaper than
+     * the host's; a profile without that measurement: where the layer's
+     * expert groups are (on the device when one of them is) */
+    NM_DENSE_BY_PROFILE = 0,
+    NM_DENSE_ON_HOST,
+    NM_DENSE_ON_DEVICE,
+    NM_DENSE_PLACEMENT_COUNT
+} nm_dense_placement;
+
+/* "profile", "host", "device"; "unknown" out of range. */
+const char *nm_dense_placement_name(nm_dense_placement placement);
+/* The inverse of nm_dense_placement_name (NM_ERR_INVALID_ARG naming the
+ * choices otherwise). */
+nm_status nm_dense_placement_parse(const char *name, nm_dense_placement *out, nm_error *err);
 
 /* How the planner chooses each expert's capacity. */
 typedef enum nm_plan_objective {
@@ -604,6 +632,10 @@ typedef struct nm_plan_params {
      * measured (shapes beyond the measurement are extrapolations, and real
      * devices have graph size limits the profile would have hit) */
     int32_t max_group_experts;
+    /* where each layer's dense part (attention and router) runs in npumoe
+     * mode: NM_DENSE_BY_PROFILE (default) weighs the profile's measured
+     * costs, the others force every layer */
+    nm_dense_placement dense;
 } nm_plan_params;
 
 nm_plan_params nm_plan_default_params(void);
@@ -636,6 +668,13 @@ typedef struct nm_plan_info {
     double predicted_drop_weight;
     double predicted_chunk_ms; /* MoE time of one chunk, all layers */
     uint64_t device_bytes;     /* device memory of the resident groups */
+    /* layers whose dense part npumoe mode runs on the device (when the
+     * device has their form); -1: a plan file made before the planner
+     * chose this, where a layer's dense part follows its expert groups */
+    int32_t dense_device_layers;
+    /* the dense parts of one chunk, all layers, each where the plan puts
+     * it, from the profile's measurement (0: not measured) */
+    double predicted_dense_ms;
 } nm_plan_info;
 
 void nm_plan_get_info(const nm_plan *plan, nm_plan_info *out);

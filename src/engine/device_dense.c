@@ -4,8 +4,9 @@
  * a static chunk's residual stream to the layer's graph and takes back the
  * residual after attention, the experts' input and the router's logits,
  * so the host keeps only routing and the MoE's dynamic part. Layers the
- * device does not support, and layers whose experts all stay on the host,
- * keep their dense part on the host. */
+ * device does not support, and layers the session does not want there
+ * (forward.c: the plan's choice, or where the layer's experts run), keep
+ * their dense part on the host. */
 #include "engine-impl.h"
 
 #include "base/base.h"
@@ -69,9 +70,9 @@ nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, 
     };
 }
 
-nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_exec *ex,
-                              int32_t rows, int32_t n_pos, nm_kv_type kv_type,
-                              const float *rope_factors, nm_engine_dense **out, nm_error *err) {
+nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const bool *want, int32_t rows,
+                              int32_t n_pos, nm_kv_type kv_type, const float *rope_factors,
+                              nm_engine_dense **out, nm_error *err) {
     *out = NULL;
     const nm_hparams *hp = &m->hp;
     nm_engine_dense *d = nm_calloc(1, sizeof *d);
@@ -88,9 +89,7 @@ nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_ex
     d->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     d->kv_elem = kv_type == NM_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     for (int32_t il = 0; il < hp->n_layer; il++) {
-        /* a layer none of whose experts the mode (or the plan's residency)
-         * puts on the device keeps its dense part on the host too */
-        if (!nm_moe_exec_uses_device(ex, il)) continue;
+        if (!want[il]) continue;
         const nm_dense_spec spec = nm_engine_dense_spec(m, il, rows, n_pos, kv_type, rope_factors);
         nm_error why = {0};
         /* a form the device does not implement: the host keeps the layer */

@@ -135,9 +135,16 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
         ep.plan = p->plan;
         ep.device = p->device;
         s = nm_moe_exec_new(&ep, &st->prefill, err);
+        bool *want = s == NM_OK ? nm_malloc((size_t)hp->n_layer * sizeof *want) : NULL;
+        if (s == NM_OK && !want) s = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
+        for (int32_t il = 0; want && il < hp->n_layer; il++)
+            want[il] = p->mode == NM_MODE_NPUMOE && p->dense_on_device
+                           ? p->dense_on_device[il]
+                           : nm_moe_exec_uses_device(st->prefill, il);
         if (s == NM_OK)
-            s = nm_engine_dense_new(m, p->device, st->prefill, n_batch, st->n_kv, p->kv_type,
+            s = nm_engine_dense_new(m, p->device, want, n_batch, st->n_kv, p->kv_type,
                                     st->rope_factors, &st->dense_dev, err);
+        nm_free(want);
     }
     if (s != NM_OK) {
         nm_engine_state_free(st);
@@ -242,6 +249,30 @@ void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past) {
     if (st->dense_dev) kv_written(st, false, n_past, 1, true);
 }
 
+/* The batch of n_rows rows (n_real real) at n_past over st's buffers. */
+static nm_model_batch batch_of(nm_engine_state *st, int32_t n_rows, int32_t n_real,
+                               int32_t n_past) {
+    return (nm_model_batch){.pool = st->pool,
+                            .n_rows = n_rows,
+                            .n_real = n_real,
+                            .n_past = n_past,
+                            .rope_factors = st->rope_factors,
+                            .x = st->x,
+                            .xn = st->xn,
+                            .q = st->q,
+                            .att = st->att,
+                            .proj = st->proj,
+                            .scores = st->scores,
+                            .scores_stride = st->n_kv,
+                            .router = st->router,
+                            .ids = st->ids,
+                            .weights = st->weights,
+                            .probs = st->probs,
+                            .shexp = st->shexp,
+                            .tap = st->tap ? engine_tap : NULL,
+                            .tap_ctx = st};
+}
+
 nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_t *ids, int32_t n,
                             int32_t n_past, float *logits, bool all_logits, nm_error *err) {
     const nm_hparams *hp = &m->hp;
@@ -262,25 +293,7 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
      * rows, are never routed, and their K/V land past n_past + n, where the
      * next batch overwrites them: no real row sees them. */
     nm_moe_exec *ex = st->prefill && n > 1 ? st->prefill : st->dense;
-    const nm_model_batch b = {.pool = st->pool,
-                              .n_rows = ex == st->prefill ? st->n_batch : n,
-                              .n_real = n,
-                              .n_past = n_past,
-                              .rope_factors = st->rope_factors,
-                              .x = st->x,
-                              .xn = st->xn,
-                              .q = st->q,
-                              .att = st->att,
-                              .proj = st->proj,
-                              .scores = st->scores,
-                              .scores_stride = st->n_kv,
-                              .router = st->router,
-                              .ids = st->ids,
-                              .weights = st->weights,
-                              .probs = st->probs,
-                              .shexp = st->shexp,
-                              .tap = st->tap ? engine_tap : NULL,
-                              .tap_ctx = st};
+    const nm_model_batch b = batch_of(st, ex == st->prefill ? st->n_batch : n, n, n_past);
     /* A static chunk's dense parts go to the device's graphs, except under
      * a tap, which sees every block's tensors only on the host. */
     const bool on_device = ex == st->prefill && st->dense_dev && !st->tap;
@@ -309,4 +322,75 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
                          "the tap stopped the evaluation at layer %d, tensor %s (positions %d..%d)",
                          st->stop_layer, st->stop_name, n_past, n_past + n - 1);
     return NM_OK;
+}
+
+/* One timed repetition: layer 0's dense part of the chunk x0 on the host
+ * (d NULL) or on d's graph. */
+static double time_dense_once(const nm_model *m, nm_engine_state *st, nm_engine_dense *d,
+                              const float *x0) {
+    const nm_model_batch b = batch_of(st, st->n_batch, st->n_batch, 0);
+    memcpy(st->x, x0, (size_t)st->n_batch * (size_t)m->hp.n_embd * sizeof(float));
+    const int64_t t0 = nm_time_ns();
+    if (d) {
+        nm_engine_dense_layer(d, 0, &b);
+        nm_model_route_logits(m, 0, &b);
+    } else {
+        const nm_kv_view kv = nm_engine_state_kv(m, st, 0);
+        nm_model_attention(m, 0, &b, &kv);
+        nm_model_route(m, 0, &b);
+    }
+    return (double)(nm_time_ns() - t0) * 1e-6;
+}
+
+nm_status nm_engine_time_dense(const nm_model *m, nm_device *dev, int32_t chunk, int n_threads,
+                               int reps, double *host_ms, double *device_ms, nm_error *err) {
+    NM_ASSERT(m && dev && chunk >= 1 && reps >= 1 && host_ms && device_ms);
+    *host_ms = *device_ms = 0;
+    const nm_state_params sp = {.n_ctx = chunk,
+                                .n_batch = chunk,
+                                .n_threads = n_threads,
+                                .mode = NM_MODE_DENSE,
+                                .kv_type = NM_KV_F32};
+    nm_engine_state *st = NULL;
+    nm_status s = nm_engine_state_new(m, &sp, &st, err);
+    if (s != NM_OK) return s;
+    const size_t n_x = (size_t)chunk * (size_t)m->hp.n_embd;
+    float *x0 = nm_malloc(n_x * sizeof *x0);
+    double *times = nm_malloc((size_t)reps * sizeof *times);
+    int32_t *ids = nm_malloc((size_t)chunk * sizeof *ids);
+    bool *want = nm_calloc((size_t)m->hp.n_layer, sizeof *want);
+    nm_engine_dense *d = NULL;
+    if (!x0 || !times || !ids || !want) {
+        s = nm_errorf(err, NM_ERR_NOMEM, "out of memory timing the dense part");
+        goto out;
+    }
+    /* real embeddings (a spread of the vocabulary), as a prompt gives */
+    for (int32_t t = 0; t < chunk; t++)
+        ids[t] = (int32_t)(((int64_t)t * 7919) % m->hp.n_vocab);
+    const nm_model_batch b = batch_of(st, chunk, chunk, 0);
+    nm_model_embed(m, ids, chunk, &b);
+    memcpy(x0, st->x, n_x * sizeof *x0);
+    time_dense_once(m, st, NULL, x0); /* untimed: first touch */
+    for (int r = 0; r < reps; r++)
+        times[r] = time_dense_once(m, st, NULL, x0);
+    *host_ms = nm_median(times, reps);
+    const nm_dense_spec spec =
+        nm_engine_dense_spec(m, 0, chunk, chunk, NM_KV_F32, st->rope_factors);
+    nm_error why = {0};
+    if (nm_device_check_dense(dev, &spec, &why) != NM_OK) goto out; /* not measured */
+    want[0] = true;
+    s = nm_engine_dense_new(m, dev, want, chunk, chunk, NM_KV_F32, st->rope_factors, &d, err);
+    if (s == NM_OK) time_dense_once(m, st, d, x0);
+    for (int r = 0; s == NM_OK && r < reps; r++)
+        times[r] = time_dense_once(m, st, d, x0);
+    if (s == NM_OK) s = nm_device_check(dev, err);
+    if (s == NM_OK) *device_ms = nm_median(times, reps);
+out:
+    nm_engine_dense_free(d);
+    nm_engine_state_free(st);
+    nm_free(x0);
+    nm_free(times);
+    nm_free(ids);
+    nm_free(want);
+    return s;
 }

@@ -57,7 +57,8 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                           .mode = p.mode,
                           .plan = p.plan ? &p.plan->moe : NULL,
                           .device = p.device,
-                          .kv_type = p.kv_type};
+                          .kv_type = p.kv_type,
+                          .dense_on_device = p.plan ? p.plan->dense_on_device : NULL};
     nm_status st = nm_engine_state_new(model, &sp, &s->state, err);
     if (st != NM_OK) {
         nm_free(s);

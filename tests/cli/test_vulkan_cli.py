@@ -6,7 +6,9 @@ within 1e-3 of the largest logit (the device sums in FP32 in another order).
 Without a usable Vulkan driver it checks that --device vulkan says why, and
 exits 77 (skipped) unless NM_REQUIRE_VULKAN is set."""
 import argparse
+import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -82,9 +84,30 @@ def main():
                    "--grid-capacity", "4,32", "--device", "vulkan", "-o", prof])
     check(r.returncode == 0 and b"device vulkan: dispatch+sync" in r.stdout,
           "profile --device vulkan measures the vulkan device", (r.stdout + r.stderr).decode()[-400:])
+    m = re.search(rb"dense part of a layer over a chunk of 32: device ([0-9.]+) ms, host ([0-9.]+) ms",
+                  r.stdout)
+    check(m is not None and float(m.group(1)) > 0 and float(m.group(2)) > 0,
+          "profile --device vulkan measures the dense part on both sides", r.stdout.decode())
     r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan,
                    "--overflow", "spill"])
     check(r.returncode == 0, "plan from the vulkan profile", r.stderr.decode())
+    # the dense part goes where the profile measured it cheaper, in every layer
+    with open(prof, encoding="utf-8") as f:
+        pj = json.load(f)
+    with open(plan, encoding="utf-8") as f:
+        n_layer = json.load(f)["n_layer"]
+    on = pj["dense_device_ms"] < pj["dense_host_ms"]
+    want_line = f"dense part: on the device in {n_layer if on else 0} of {n_layer} layers"
+    check(want_line in r.stdout.decode(), "plan: the dense part where the profile says",
+          r.stdout.decode()[-600:])
+    plan_dev = os.path.join(tmp, "plan-dense-device.json")
+    r = run(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan_dev,
+                   "--overflow", "spill", "--dense", "device"])
+    check(r.returncode == 0 and
+          f"dense part: on the device in {n_layer} of {n_layer} layers" in r.stdout.decode(),
+          "plan --dense device", r.stdout.decode()[-600:] + r.stderr.decode())
+    expect_error(bin_, ["plan", "-m", model, "--calib", calib, "--profile", prof, "-o", plan_dev,
+                        "--dense", "gpu"], "profile, host or device", "plan --dense gpu")
 
     with open(a.text, encoding="utf-8") as f:
         paragraph = f.read()[:600]
@@ -93,14 +116,16 @@ def main():
     check(r.returncode == 0, "dense logits", r.stderr.decode())
     want = floats(dense_l) if r.returncode == 0 else ()
     top = max((abs(v) for v in want), default=1.0)
-    for mode in ["naive", "tiers", "grouped", "npumoe"]:
+    for mode, pl in [("naive", plan), ("tiers", plan), ("grouped", plan), ("npumoe", plan),
+                     ("npumoe", plan_dev)]:
         out = os.path.join(tmp, mode + ".f32")
-        r = run(bin_, ["logits", "-m", model, "-p", paragraph, "-o", out, "--all", "--plan", plan,
+        r = run(bin_, ["logits", "-m", model, "-p", paragraph, "-o", out, "--all", "--plan", pl,
                        "--mode", mode, "--device", "vulkan"])
         got = floats(out) if r.returncode == 0 else ()
         diff = max((abs(x - y) for x, y in zip(got, want)), default=1e9)
         check(len(got) == len(want) and diff <= 1e-3 * top,
-              f"logits in mode {mode} on --device vulkan equal dense's within 1e-3",
+              f"logits in mode {mode} ({os.path.basename(pl)}) on --device vulkan equal dense's "
+              "within 1e-3",
               f"max diff {diff:g} of {top:g}; {r.stderr.decode()[-300:]}")
     # compare: dense reference, the candidate in grouped mode on the device
     excerpt = os.path.join(tmp, "excerpt.txt")

@@ -54,6 +54,7 @@ typedef struct cli_options {
     const char *tiers;
     float quantile;
     const char *objective; /* plan: budget or quantile */
+    const char *dense;     /* plan: profile, host or device */
     int32_t rows;          /* plan: rows per layer and chunk */
     float budget_ms;       /* plan: device ms per layer and chunk */
     int32_t granule;       /* plan: capacities are multiples of it */
