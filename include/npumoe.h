@@ -418,6 +418,10 @@ typedef struct nm_device_stats {
     uint64_t upload_bytes;  /* bytes copied into device memory (weights at compile) */
     /* of the dispatches, dense-part graphs (a layer's attention and router) */
     uint64_t dense_dispatches;
+    /* times the host waited for the device to finish (a fence, or the cpu
+     * device's thread): each graph waited for, each copy of K/V or weights
+     * through device memory */
+    uint64_t syncs;
 } nm_device_stats;
 
 /* ---- metrics of the static path ---------------------------------------------- */
@@ -447,11 +451,45 @@ typedef struct nm_session_metrics {
                                            the session is freed */
     nm_moe_layer_metrics total;         /* summed over layers */
     nm_device_stats device;             /* zero without a device */
+    /* [n_layer] what the device did inside each layer's step of prompt
+     * batches (its dense part and its experts: dispatches, syncs, busy
+     * time, rows, bytes uploaded), since creation or the last reset, owned
+     * and updated by the session; NULL without a device. The counters that
+     * grow over time only: graphs_compiled and device_bytes are 0 */
+    const nm_device_stats *device_layers;
+    nm_device_stats device_total; /* device_layers summed */
 } nm_session_metrics;
 
 /* MoE metrics of the prompt batches since creation or the last reset. */
 void nm_session_get_metrics(nm_session *session, nm_session_metrics *out);
 void nm_session_reset_metrics(nm_session *session);
+
+/* ---- energy ------------------------------------------------------------------ */
+
+#define NM_ENERGY_MAX_ZONES 16
+
+/* The energy counters of the CPU packages at one moment: Linux's RAPL
+ * zones (root/intel-rapl:N whose name starts with "package"; subzones and
+ * a platform-wide "psys" zone are left out, since the packages hold their
+ * energy). The packages' energy, the whole machine's sockets, not this
+ * process's share. */
+typedef struct nm_energy_sample {
+    bool available;                       /* false: why says why (no powercap, no package zone,
+                                             a counter that cannot be read, as energy_uj is
+                                             root's only on recent kernels) */
+    int32_t n_zones;                      /* package zones read */
+    uint64_t uj[NM_ENERGY_MAX_ZONES];     /* each zone's energy_uj */
+    uint64_t max_uj[NM_ENERGY_MAX_ZONES]; /* its max_energy_range_uj: where it wraps */
+    char why[256];
+} nm_energy_sample;
+
+/* Reads the counters under root (NULL: /sys/class/powercap). Never fails:
+ * a sample that cannot be taken is not available, with its reason. */
+void nm_energy_read(const char *root, nm_energy_sample *out);
+/* Joules between two samples of the same zones, a counter that wrapped
+ * once counted from before to max_energy_range_uj and on from 0; -1 when
+ * either sample is not available or they differ in zones. */
+double nm_energy_joules(const nm_energy_sample *before, const nm_energy_sample *after);
 
 /* ---- calibration: the per-chunk expert loads of a text ----------------------- */
 

@@ -387,6 +387,21 @@ static void test_sessions(nm_device *dev, const nm_model *m, const nm_calib *c, 
         s = NULL;
         CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_OK);
         if (s) run(s, nv, got);
+        /* the metrics: each layer's dispatches and syncs of the static
+         * chunks (the decode steps run on the host) */
+        nm_session_metrics mt;
+        if (s) nm_session_get_metrics(s, &mt);
+        CHECK(s && mt.device_layers != NULL);
+        uint64_t sum = 0;
+        for (int32_t l = 0; s && mt.device_layers && l < n_layer; l++) {
+            const nm_device_stats *d = &mt.device_layers[l];
+            CHECK_INT_EQ(d->dense_dispatches, dense_on ? n_chunks : 0);
+            CHECK_INT_EQ(d->syncs, d->dispatches); /* each graph waited for once */
+            CHECK(dense_on ? d->dispatches == (uint64_t)n_chunks
+                           : d->dispatches >= (uint64_t)n_chunks);
+            sum += d->dispatches;
+        }
+        if (s) CHECK_INT_EQ(mt.device_total.dispatches, sum);
         nm_session_free(s);
         dev->ops->stats(dev, &s1);
         const uint64_t dense = s1.dense_dispatches - s0.dense_dispatches;

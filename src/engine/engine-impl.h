@@ -38,6 +38,11 @@ nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st);
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st);
 /* Layers whose dense part of static chunks the session's device runs. */
 int32_t nm_engine_state_dense_layers(const nm_engine_state *st);
+/* [n_layer] what the device did inside each layer's step of static chunks
+ * (the dense part and the experts), since creation or the last reset;
+ * NULL without a device. */
+const nm_device_stats *nm_engine_state_device_layers(const nm_engine_state *st);
+void nm_engine_state_reset_device_layers(nm_engine_state *st, int32_t n_layer);
 /* The tap every later batch reports to (fn NULL: none). */
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx);
 /* Layer il's part of the cache (its stage: the state's, NULL for F32). */

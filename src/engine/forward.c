@@ -40,6 +40,9 @@ struct nm_engine_state {
      * first brings its side's copy up to n_past from the other. */
     nm_engine_dense *dense_dev;
     int32_t kv_host_n, kv_dev_n;
+    nm_device *device;          /* the static mode's, or NULL */
+    nm_device_stats *dev_layer; /* [n_layer] the device's work inside each layer's step of
+                                   static chunks, since creation or the last reset */
     const float *rope_factors; /* [n_rot / 2] the model's short or long ones, or NULL */
     nm_tap_fn tap;             /* the session's tap, NULL: none */
     void *tap_ctx;
@@ -109,6 +112,11 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
     if (hp->n_ff_shexp > 0) /* nm_model_batch.shexp */
         st->shexp = alloc_floats(st, nb * (size_t)nm_model_shexp_scratch(hp), &ok);
     st->ids = nm_calloc(nb * k, sizeof(int32_t));
+    st->device = p->mode == NM_MODE_DENSE ? NULL : p->device;
+    if (st->device) {
+        st->dev_layer = nm_calloc((size_t)hp->n_layer, sizeof *st->dev_layer);
+        if (!st->dev_layer) ok = false;
+    }
     st->experts = nm_calloc((size_t)hp->n_layer, sizeof *st->experts);
     if (!st->ids || !st->experts) ok = false;
     if (!ok) {
@@ -171,6 +179,7 @@ void nm_engine_state_free(nm_engine_state *st) {
     nm_free(st->shexp);
     nm_free(st->ids);
     nm_free(st->weights);
+    nm_free(st->dev_layer);
     nm_engine_dense_free(st->dense_dev);
     nm_moe_exec_free(st->prefill);
     nm_moe_exec_free(st->dense);
@@ -185,6 +194,25 @@ nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st) { return st->pref
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st) { return st->dense; }
 int32_t nm_engine_state_dense_layers(const nm_engine_state *st) {
     return nm_engine_dense_count(st->dense_dev);
+}
+
+const nm_device_stats *nm_engine_state_device_layers(const nm_engine_state *st) {
+    return st->dev_layer;
+}
+
+void nm_engine_state_reset_device_layers(nm_engine_state *st, int32_t n_layer) {
+    if (st->dev_layer) memset(st->dev_layer, 0, (size_t)n_layer * sizeof *st->dev_layer);
+}
+
+/* acc += the device's work between a and b (what it counts over time) */
+static void add_device_work(nm_device_stats *acc, const nm_device_stats *a,
+                            const nm_device_stats *b) {
+    acc->dispatches += b->dispatches - a->dispatches;
+    acc->dense_dispatches += b->dense_dispatches - a->dense_dispatches;
+    acc->syncs += b->syncs - a->syncs;
+    acc->busy_ns += b->busy_ns - a->busy_ns;
+    acc->rows_computed += b->rows_computed - a->rows_computed;
+    acc->upload_bytes += b->upload_bytes - a->upload_bytes;
 }
 
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx) {
@@ -300,7 +328,11 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
     if (st->dense_dev) kv_sync(m, st, on_device, n_past);
     nm_model_embed(m, ids, n, &b);
     st->stop_name = NULL;
+    /* the device's work per layer of static chunks (metrics) */
+    const bool count = ex == st->prefill && st->dev_layer;
+    nm_device_stats before, after;
     for (int32_t il = 0; il < hp->n_layer && !st->stop_name; il++) {
+        if (count) st->device->ops->stats(st->device, &before);
         if (on_device && nm_engine_dense_has(st->dense_dev, il)) {
             nm_engine_dense_layer(st->dense_dev, il, &b);
             if (!nm_model_route_logits(m, il, &b)) break;
@@ -309,6 +341,10 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
             if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
         }
         nm_moe_exec_layer(ex, st->pool, il, st->x, st->xn, n, st->ids, st->weights, st->proj);
+        if (count) {
+            st->device->ops->stats(st->device, &after);
+            add_device_work(&st->dev_layer[il], &before, &after);
+        }
         nm_model_ffn_residual(m, il, &b);
     }
     /* a device that failed (lost) under the chunk's graphs: the chunk's

@@ -127,6 +127,32 @@ def main():
               f"logits in mode {mode} ({os.path.basename(pl)}) on --device vulkan equal dense's "
               "within 1e-3",
               f"max diff {diff:g} of {top:g}; {r.stderr.decode()[-300:]}")
+    # metrics: the device's work per layer and chunk, CPU time, energy or why not
+    r = run(bin_, ["run", "-m", model, "-p", paragraph, "-n", "1", "--plan", plan_dev, "--mode",
+                   "npumoe", "--device", "vulkan"])
+    err = r.stderr.decode()
+    m = re.search(r"energy: +(not available \(.+\)|[0-9.]+ J \(RAPL)", err)
+    check(r.returncode == 0 and m is not None, "run: energy in joules or 'not available'", err)
+    m = re.search(r"device work: +(\d+) dispatches \((\d+) dense parts\), (\d+) syncs", err)
+    check(m is not None and int(m.group(1)) >= 1 and m.group(1) == m.group(2) and
+          int(m.group(3)) >= int(m.group(1)), "run: dispatches (all dense parts) and syncs", err)
+    check(re.search(r"prefill CPU: +[0-9.]+ ms \(user\+sys of the process, getrusage\) in "
+                    r"[0-9.]+ ms wall", err) is not None and "  layer  0: " in err,
+          "run: host CPU beside wall time, per-layer device work", err)
+    r = run(bin_, ["run", "-m", model, "-p", paragraph, "-n", "1", "--plan", plan_dev, "--mode",
+                   "npumoe", "--device", "vulkan", "--json"])
+    try:
+        doc = json.loads(r.stdout.decode())
+    except ValueError:
+        doc = {}
+    pre, dev = doc.get("prefill", {}), doc.get("moe", {}).get("device") or {}
+    e = pre.get("energy_j", "missing")
+    check((e is None and pre.get("energy_note", "")) or isinstance(e, (int, float)),
+          "run --json: energy_j a number or null with its note", r.stdout.decode()[-400:])
+    layers = doc.get("moe", {}).get("layers", [{}])
+    check(dev.get("syncs", 0) >= 1 and "syncs_per_chunk" in layers[0].get("device", {}) and
+          pre.get("cpu_ms", -1) >= 0, "run --json: device syncs per layer, CPU time",
+          r.stdout.decode()[-400:])
     # compare: dense reference, the candidate in grouped mode on the device
     excerpt = os.path.join(tmp, "excerpt.txt")
     with open(excerpt, "w", encoding="utf-8") as f:
@@ -142,6 +168,10 @@ def main():
     out = r.stdout.decode()
     check(r.returncode == 0 and "| 64 | grouped |" in out and "Device: vulkan" in out,
           "bench --device vulkan", out[-400:] + r.stderr.decode()[-300:])
+    rows = [l.split("|") for l in out.splitlines() if l.startswith("| 64 | grouped |")]
+    check(len(rows) == 1 and (rows[0][6].strip() == "n/a" and "energy: not available (" in out or
+                              re.fullmatch(r" [0-9.]+ ", rows[0][6]) is not None),
+          "bench: energy J a number, or n/a and why", out[-600:])
     print(f"test_vulkan_cli: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -462,6 +462,7 @@ static void kv_download(vk_dense *g, int32_t pos0, int32_t n, void *k, void *v) 
             r = d->fn.vkEndCommandBuffer(cb);
         }
         if (r == VK_SUCCESS && !d->lost) r = d->fn.vkQueueSubmit(d->queue, 1, &si, fence);
+        if (r == VK_SUCCESS) d->stats.syncs++; /* the wait below */
         pthread_mutex_unlock(&d->mutex);
         if (r == VK_SUCCESS) r = d->fn.vkWaitForFences(d->dev, 1, &fence, VK_TRUE, UINT64_MAX);
         ok = r == VK_SUCCESS;

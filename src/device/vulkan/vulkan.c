@@ -422,6 +422,7 @@ static VkResult upload_flush(vk_device *d, vk_uploader *u) {
                                  .pCommandBuffers = &u->cb};
         pthread_mutex_lock(&d->mutex);
         r = d->fn.vkQueueSubmit(d->queue, 1, &si, u->fence);
+        if (r == VK_SUCCESS) d->stats.syncs++;
         pthread_mutex_unlock(&d->mutex);
     }
     if (r == VK_SUCCESS) r = d->fn.vkWaitForFences(d->dev, 1, &u->fence, VK_TRUE, UINT64_MAX);
