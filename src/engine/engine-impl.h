@@ -52,9 +52,11 @@ const float *nm_engine_state_rope_factors(const nm_engine_state *st);
 /* For a row computed on the host outside nm_engine_forward (nm_batch_decode)
  * at position n_past: before it, the host's cache brought up to n_past from
  * the device's dense graphs that hold the prompt's K/V (nothing to do
- * without them); after it, the host's cache valid to n_past + 1 and the
- * graphs' copy no further than n_past. */
-void nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past);
+ * without them; a device that failed, before or in the copy, is its error:
+ * the cache is then not the prompt's); after it, the host's cache valid to
+ * n_past + 1 and the graphs' copy no further than n_past. */
+nm_status nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past,
+                                     nm_error *err);
 void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past);
 
 /* A session (session.c): the model, its runtime, the positions cached. */

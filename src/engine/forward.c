@@ -269,8 +269,11 @@ static void kv_written(nm_engine_state *st, bool on_device, int32_t n_past, int3
     if (*other > n_past) *other = n_past;
 }
 
-void nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past) {
-    if (st->dense_dev) kv_sync(m, st, false, n_past);
+nm_status nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past,
+                                     nm_error *err) {
+    if (!st->dense_dev) return NM_OK;
+    kv_sync(m, st, false, n_past);
+    return nm_device_check(st->device, err);
 }
 
 void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past) {
@@ -325,7 +328,13 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
     /* A static chunk's dense parts go to the device's graphs, except under
      * a tap, which sees every block's tensors only on the host. */
     const bool on_device = ex == st->prefill && st->dense_dev && !st->tap;
-    if (st->dense_dev) kv_sync(m, st, on_device, n_past);
+    if (st->dense_dev) {
+        kv_sync(m, st, on_device, n_past);
+        /* a device that failed, before or in the copies of K/V: the cache
+         * the batch would read is not the prompt's */
+        const nm_status kst = nm_device_check(st->device, err);
+        if (kst != NM_OK) return kst;
+    }
     nm_model_embed(m, ids, n, &b);
     st->stop_name = NULL;
     /* the device's work per layer of static chunks (metrics) */
@@ -349,7 +358,7 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
     }
     /* a device that failed (lost) under the chunk's graphs: the chunk's
      * results are void, and the device's message says why */
-    nm_status dst = nm_moe_exec_check(ex, err);
+    nm_status dst = st->device ? nm_device_check(st->device, err) : nm_moe_exec_check(ex, err);
     if (st->dense_dev) kv_written(st, on_device, n_past, n, dst == NM_OK && !st->stop_name);
     if (dst) return dst;
     if (!st->stop_name && logits) nm_model_output(m, &b, all_logits ? 0 : n - 1, logits);

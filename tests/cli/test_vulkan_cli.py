@@ -139,6 +139,15 @@ def main():
     check(re.search(r"prefill CPU: +[0-9.]+ ms \(user\+sys of the process, getrusage\) in "
                     r"[0-9.]+ ms wall", err) is not None and "  layer  0: " in err,
           "run: host CPU beside wall time, per-layer device work", err)
+    # a budget of exactly what the graphs hold: the copy of the prompt's K/V
+    # to the host for the first decode step cannot get its buffer
+    m = re.search(r"device memory: +(\d+) bytes held by the graphs", err)
+    check(m is not None and int(m.group(1)) > 0, "run: the graphs' device memory", err)
+    if m:
+        expect_error(bin_, ["run", "-m", model, "-p", paragraph, "-n", "2", "--plan", plan_dev,
+                            "--mode", "npumoe", "--device", "vulkan", "--device-budget",
+                            m.group(1)], "reading a dense graph's K/V needs",
+                     "a K/V copy beyond the device budget")
     r = run(bin_, ["run", "-m", model, "-p", paragraph, "-n", "1", "--plan", plan_dev, "--mode",
                    "npumoe", "--device", "vulkan", "--json"])
     try:

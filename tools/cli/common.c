@@ -101,8 +101,10 @@ void print_metrics_text(FILE *f, const nm_session_metrics *m) {
             (unsigned long long)d->dispatches, (unsigned long long)d->dense_dispatches,
             (unsigned long long)d->syncs, ratio(d->dispatches, t->chunks),
             ratio(d->syncs, t->chunks), (double)d->busy_ns * 1e-6);
-    fprintf(f, "uploaded:        %.3f MiB to device memory (weights at compile, K/V)\n",
-            (double)m->device.upload_bytes / 1048576.0);
+    fprintf(f,
+            "device memory:   %llu bytes held by the graphs; %.3f MiB uploaded (weights at "
+            "compile, K/V)\n",
+            (unsigned long long)m->device.device_bytes, (double)m->device.upload_bytes / 1048576.0);
     for (int32_t l = 0; l < m->n_layer; l++) {
         const nm_device_stats *dl = &m->device_layers[l];
         const uint64_t chunks = m->layers[l].chunks;
@@ -422,6 +424,7 @@ nm_status open_device(const cli_options *o, nm_device **out, nm_error *err) {
     nm_device_params dp = nm_device_default_params();
     if (o->device) dp.name = o->device;
     if (o->device_threads) dp.n_threads = o->device_threads;
+    dp.memory_budget_bytes = o->device_budget;
     return nm_device_open(&dp, out, err);
 }
 

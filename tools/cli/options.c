@@ -107,6 +107,8 @@ static const option_def option_table[] = {
      "static-graph device: cpu (default), vulkan (the first), vulkan:N (npumoe devices)"},
     {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE | CMD_SERVE,
      "N", "worker threads of the cpu device (default 1)"},
+    {"device-budget", 0, KIND_U64, F(device_budget), 0, 0, STATIC | CMD_PROFILE | CMD_SERVE,
+     "BYTES", "vulkan: most device memory its graphs may hold (default: its largest heap)"},
     {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC | CMD_SERVE, "T",
      "prefill chunk: tokens per static step (default: the plan's, else 256)"},
     {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, CMD_CALIBRATE | CMD_PROFILE, "T",

@@ -48,6 +48,7 @@ typedef struct cli_options {
     const char *plan;
     const char *device;
     int32_t device_threads;
+    uint64_t device_budget; /* vulkan: bytes its graphs may hold, 0 = its largest heap */
     int32_t chunk;
     const char *calib;
     const char *profile;
