@@ -13,12 +13,14 @@
  * most 2^28 groups (layers x experts) < 1e23. Anything beyond is garbage. */
 static const double max_cost_ms = 1e24;
 
-static json_t *cost_object(const nm_plan_cost *c) {
+/* dense: the plan places the dense parts (dense_ms is written only then, so
+ * a plan made before the choice saves back as it was) */
+static json_t *cost_object(const nm_plan_cost *c, bool dense) {
     json_t *o = json_object();
     bool ok = nm_json_put(o, "device_ms", nm_json_num(c->device_ms)) &&
-              nm_json_put(o, "host_ms", nm_json_num(c->host_ms)) &&
-              nm_json_put(o, "dense_ms", nm_json_num(c->dense_ms)) &&
-              nm_json_put(o, "chunk_ms", nm_json_num(c->chunk_ms));
+              nm_json_put(o, "host_ms", nm_json_num(c->host_ms));
+    if (dense) ok = ok && nm_json_put(o, "dense_ms", nm_json_num(c->dense_ms));
+    ok = ok && nm_json_put(o, "chunk_ms", nm_json_num(c->chunk_ms));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -46,7 +48,8 @@ static json_t *layer_object(const nm_plan *plan, int32_t l) {
     if (plan->dense_on_device)
         ok = ok &&
              nm_json_put(o, "dense", json_string(plan->dense_on_device[l] ? "device" : "host"));
-    ok = ok && nm_json_put(o, "cost", cost_object(&plan->layer_cost[l]));
+    ok = ok &&
+         nm_json_put(o, "cost", cost_object(&plan->layer_cost[l], plan->dense_on_device != NULL));
     if (!ok) {
         json_decref(o);
         return NULL;

@@ -113,9 +113,11 @@ nm_status nm_profile_save_memory(const nm_profile *p, char **text, size_t *n_byt
               nm_json_put(root, "host_row_ms", nm_json_num(p->host_row_ms)) &&
               nm_json_put(root, "host_expert_ms", nm_json_num(p->host_expert_ms)) &&
               nm_json_put(root, "chunk", json_integer(p->chunk)) &&
-              nm_json_put(root, "host_overhead_ms", nm_json_num(p->host_overhead_ms)) &&
-              nm_json_put(root, "dense_device_ms", nm_json_num(p->dense_device_ms)) &&
-              nm_json_put(root, "dense_host_ms", nm_json_num(p->dense_host_ms));
+              nm_json_put(root, "host_overhead_ms", nm_json_num(p->host_overhead_ms));
+    /* not measured: left out, as files made before the measurement are */
+    if (p->dense_device_ms > 0)
+        ok = ok && nm_json_put(root, "dense_device_ms", nm_json_num(p->dense_device_ms)) &&
+             nm_json_put(root, "dense_host_ms", nm_json_num(p->dense_host_ms));
     ok = nm_json_put(root, "points", points) && ok;
     for (int32_t i = 0; ok && i < p->n_points; i++) {
         json_t *pt = json_object();
