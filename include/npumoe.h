@@ -424,6 +424,10 @@ typedef struct nm_device_stats {
     uint64_t upload_bytes;  /* bytes copied into device memory (weights at compile) */
     /* of the dispatches, dense-part graphs (a layer's attention and router) */
     uint64_t dense_dispatches;
+    /* times the host waited for the device to finish (a fence, or the cpu
+     * device's thread): each graph waited for, each copy of K/V or weights
+     * through device memory */
+    uint64_t syncs;
 } nm_device_stats;
 
 /* ---- metrics of the static path ---------------------------------------------- */
@@ -453,11 +457,45 @@ typedef struct nm_session_metrics {
                                            the session is freed */
     nm_moe_layer_metrics total;         /* summed over layers */
     nm_device_stats device;             /* zero without a device */
+    /* [n_layer] what the device did inside each layer's step of prompt
+     * batches (its dense part and its experts: dispatches, syncs, busy
+     * time, rows, bytes uploaded), since creation or the last reset, owned
+     * and updated by the session; NULL without a device. The counters that
+     * grow over time only: graphs_compiled and device_bytes are 0 */
+    const nm_device_stats *device_layers;
+    nm_device_stats device_total; /* device_layers summed */
 } nm_session_metrics;
 
 /* MoE metrics of the prompt batches since creation or the last reset. */
 void nm_session_get_metrics(nm_session *session, nm_session_metrics *out);
 void nm_session_reset_metrics(nm_session *session);
+
+/* ---- energy ------------------------------------------------------------------ */
+
+#define NM_ENERGY_MAX_ZONES 16
+
+/* The energy counters of the CPU packages at one moment: Linux's RAPL
+ * zones (root/intel-rapl:N whose name starts with "package"; subzones and
+ * a platform-wide "psys" zone are left out, since the packages hold their
+ * energy). The packages' energy, the whole machine's sockets, not this
+ * process's share. */
+typedef struct nm_energy_sample {
+    bool available;                       /* false: why says why (no powercap, no package zone,
+                                             a counter that cannot be read, as energy_uj is
+                                             root's only on recent kernels) */
+    int32_t n_zones;                      /* package zones read */
+    uint64_t uj[NM_ENERGY_MAX_ZONES];     /* each zone's energy_uj */
+    uint64_t max_uj[NM_ENERGY_MAX_ZONES]; /* its max_energy_range_uj: where it wraps */
+    char why[256];
+} nm_energy_sample;
+
+/* Reads the counters under root (NULL: /sys/class/powercap). Never fails:
+ * a sample that cannot be taken is not available, with its reason. */
+void nm_energy_read(const char *root, nm_energy_sample *out);
+/* Joules between two samples of the same zones, a counter that wrapped
+ * once counted from before to max_energy_range_uj and on from 0; -1 when
+ * either sample is not available or they differ in zones. */
+double nm_energy_joules(const nm_energy_sample *before, const nm_energy_sample *after);
 
 /* ---- calibration: the per-chunk expert loads of a text ----------------------- */
 
@@ -531,6 +569,17 @@ typedef struct nm_profile {
      * layers) over a chunk of `chunk` tokens; never below 0. */
     int32_t chunk;
     double host_overhead_ms;
+    /* The dense part of the model's first layer (graph kind 2: norms,
+     * projections, RoPE, attention, router logits) over one chunk of
+     * `chunk` tokens at position 0, median of reps: one launch on the
+     * device with the copies of its input and outputs, and the host doing
+     * the same work on its pool; routing included on both sides. 0 for
+     * both: not measured (a device without dense graphs for the model's
+     * form, or a profile file written before they were measured); the
+     * planner then puts a layer's dense part where its experts' groups
+     * are (on the device when one of its groups is). */
+    double dense_device_ms;
+    double dense_host_ms;
     int32_t n_points;
     nm_profile_point *points; /* [n_points], experts outer, capacity inner */
 } nm_profile;
@@ -564,6 +613,23 @@ nm_status nm_profile_load(const char *path, nm_profile *out, nm_error *err);
 void nm_profile_free(nm_profile *profile);
 
 /* ---- plan: tiers, groups, residency ------------------------------------------ */
+
+/* Where a plan puts the dense part of a layer (graph kind 2). */
+typedef enum nm_dense_placement {
+    /* the device when the profile measured its dense graph cheaper than
+     * the host's; a profile without that measurement: where the layer's
+     * expert groups are (on the device when one of them is) */
+    NM_DENSE_BY_PROFILE = 0,
+    NM_DENSE_ON_HOST,
+    NM_DENSE_ON_DEVICE,
+    NM_DENSE_PLACEMENT_COUNT
+} nm_dense_placement;
+
+/* "profile", "host", "device"; "unknown" out of range. */
+const char *nm_dense_placement_name(nm_dense_placement placement);
+/* The inverse of nm_dense_placement_name (NM_ERR_INVALID_ARG naming the
+ * choices otherwise). */
+nm_status nm_dense_placement_parse(const char *name, nm_dense_placement *out, nm_error *err);
 
 /* How the planner chooses each expert's capacity. */
 typedef enum nm_plan_objective {
@@ -610,6 +676,10 @@ typedef struct nm_plan_params {
      * measured (shapes beyond the measurement are extrapolations, and real
      * devices have graph size limits the profile would have hit) */
     int32_t max_group_experts;
+    /* where each layer's dense part (attention and router) runs in npumoe
+     * mode: NM_DENSE_BY_PROFILE (default) weighs the profile's measured
+     * costs, the others force every layer */
+    nm_dense_placement dense;
 } nm_plan_params;
 
 nm_plan_params nm_plan_default_params(void);
@@ -642,6 +712,13 @@ typedef struct nm_plan_info {
     double predicted_drop_weight;
     double predicted_chunk_ms; /* MoE time of one chunk, all layers */
     uint64_t device_bytes;     /* device memory of the resident groups */
+    /* layers whose dense part npumoe mode runs on the device (when the
+     * device has their form); -1: a plan file made before the planner
+     * chose this, where a layer's dense part follows its expert groups */
+    int32_t dense_device_layers;
+    /* the dense parts of one chunk, all layers, each where the plan puts
+     * it, from the profile's measurement (0: not measured) */
+    double predicted_dense_ms;
 } nm_plan_info;
 
 void nm_plan_get_info(const nm_plan *plan, nm_plan_info *out);

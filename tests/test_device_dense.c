@@ -33,6 +33,12 @@ enum { T = 8, N_CHUNKS = 3, N_POS = 64 };
  * the vulkan FFN graphs add their own rounding. */
 #define TOL_VK 1e-4
 #define TOL_VK_MODEL 1e-3
+/* With an F16 cache both sides round K and V to half, nearest even; FP32
+ * differences before the rounding can put a value on either side of a
+ * rounding boundary, one half-ulp apart (2^-11 relative, 4.9e-4 for values
+ * near 1), so a layer's outputs are held within that (measured: up to
+ * 1.03e-4, on the shipped model) */
+#define TOL_VK_F16 5e-4
 static const struct {
     const char *name;
     double tol;
@@ -206,8 +212,9 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
            "host's K/V %.3g\n",
            what, il, kv_type == NM_KV_F16 ? "f16" : "f32", worst, N_CHUNKS,
            kv_same ? "equal" : "differ", e2);
-    CHECK(worst <= tol);
-    CHECK(e2 <= tol);
+    const double t = tol > 0.0 && kv_type == NM_KV_F16 ? TOL_VK_F16 : tol;
+    CHECK(worst <= t);
+    CHECK(e2 <= t);
     if (tol == 0.0) CHECK(kv_same);
     free(k), free(v), free(in), free(want_x), free(want_xn), free(want_r);
     dev->ops->graph_free(g);
@@ -506,6 +513,8 @@ int main(void) {
             }
             CHECK_INT_EQ(st, NM_OK);
             if (!dev) continue;
+            /* every device runs the dense part over an F16 cache */
+            CHECK((dev->ops->dense_features & NM_DENSE_F_KV_F16) != 0);
             for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
                 check_model(dev, n_threads, models[i].path, models[i].compat, devices[d].tol);
             nm_model *m = NULL;

@@ -281,6 +281,9 @@ nm_status nm_device_check(nm_device *dev, nm_error *err);
 
 /* nm_profile (what a device measured about itself) is public: npumoe.h. */
 
+/* Median of v[0..n), n >= 1; v is sorted in place. */
+double nm_median(double *v, int n);
+
 /* Measures dev on the layer's experts w: for every (n, c) of
  * grid_experts x grid_capacity (points in that order, experts outer), a graph
  * over experts 0..n-1 with capacity c each, run reps times (after one

@@ -20,8 +20,8 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Median of v[0..n), n >= 1; v is sorted in place. */
-static double median(double *v, int n) {
+double nm_median(double *v, int n) {
+    NM_ASSERT(v && n >= 1);
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
@@ -58,7 +58,7 @@ static nm_status time_graph(nm_device *dev, const nm_ffn_spec *spec, int reps, d
         dev->ops->wait(g);
         times[r] = (double)(nm_time_ns() - t0) * 1e-6;
     }
-    *graph_ms = median(times, reps);
+    *graph_ms = nm_median(times, reps);
     if (overhead_ms) {
         nm_device_stats before, after;
         for (int r = 0; r < reps; r++) {
@@ -70,7 +70,7 @@ static nm_status time_graph(nm_device *dev, const nm_ffn_spec *spec, int reps, d
             dev->ops->stats(dev, &after);
             times[r] = (double)(t1 - t0 - (after.busy_ns - before.busy_ns)) * 1e-6;
         }
-        *overhead_ms = median(times, reps);
+        *overhead_ms = nm_median(times, reps);
     }
     dev->ops->graph_free(g);
     return NM_OK;
@@ -173,7 +173,7 @@ static nm_status profile_host(const nm_expert_weights *w, int64_t d_model, int64
             nm_pool_run(pool, host_expert_task, &rc, n_threads);
         }
         ms[k] = (double)c.m;
-        t[k] = median(c.task_ms, n_threads * reps);
+        t[k] = nm_median(c.task_ms, n_threads * reps);
         if (progress) progress(progress_ctx, ++done, total);
     }
     fit_line(ms, t, N_HOST_ROWS, host_expert_ms, host_row_ms);

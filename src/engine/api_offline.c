@@ -2,7 +2,7 @@
  * a text, measure a device, make and open plans. Thin wrappers over plan/,
  * device/profile.c and the model's host-step timing, so that a caller
  * needs none of their headers. */
-#include "engine.h"
+#include "engine-impl.h"
 
 #include "base/base.h"
 #include "model/model.h"
@@ -118,11 +118,23 @@ nm_status nm_profile_measure(const nm_model *model, nm_device *device,
     /* the host first: right after a device profile the host measures slower */
     if (st == NM_OK)
         st = nm_model_time_host_step(model, pool, chunk, 4 * reps, &step_ms, loads, err);
+    /* the dense part of a layer, host and device, before the graphs of
+     * experts fill the device */
+    double dense_host_ms = 0, dense_device_ms = 0;
+    if (st == NM_OK)
+        st = nm_engine_time_dense(model, device, chunk, nm_pool_n_threads(pool), reps,
+                                  &dense_host_ms, &dense_device_ms, err);
+    if (st != NM_OK) nm_error_prefix(err, "profile");
     if (st == NM_OK)
         st = nm_device_profile(device, nm_model_moe_experts(model, 0), hp->n_embd, hp->n_ff_exp,
                                experts, n_e, caps, n_c, reps, pool, p.progress, p.progress_ctx, out,
                                err);
-    if (st == NM_OK) nm_profile_set_overhead(out, chunk, step_ms, loads, hp->n_expert);
+    if (st == NM_OK) {
+        nm_profile_set_overhead(out, chunk, step_ms, loads, hp->n_expert);
+        /* measured on both sides or not at all */
+        out->dense_device_ms = dense_device_ms;
+        out->dense_host_ms = dense_device_ms > 0 ? dense_host_ms : 0.0;
+    }
     nm_free(loads);
     nm_pool_free(pool);
     return st;
@@ -155,4 +167,9 @@ void nm_plan_get_info(const nm_plan *plan, nm_plan_info *out) {
     out->predicted_drop_weight = plan->predicted_drop_weight;
     out->predicted_chunk_ms = plan->predicted_chunk_ms;
     out->device_bytes = plan->device_bytes;
+    out->dense_device_layers = plan->dense_on_device ? 0 : -1;
+    for (int32_t l = 0; l < plan->moe.n_layer; l++) {
+        if (plan->dense_on_device) out->dense_device_layers += plan->dense_on_device[l];
+        out->predicted_dense_ms += plan->layer_cost[l].dense_ms;
+    }
 }

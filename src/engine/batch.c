@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "threads/threads.h"
 
+#include <stdio.h>
 #include <string.h>
 
 struct nm_batch {
@@ -156,8 +157,14 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
     }
     for (int32_t i = 0; i < n; i++) {
         b->pos[i] = sessions[i]->n_past;
-        /* a static prefill may have left the prompt's K/V on a device */
-        nm_engine_state_kv_to_host(m, sessions[i]->state, b->pos[i]);
+        /* a static prefill may have left the prompt's K/V on a device
+         * (one that failed copying them: its error, naming the session) */
+        nm_status st = nm_engine_state_kv_to_host(m, sessions[i]->state, b->pos[i], err);
+        if (st != NM_OK) {
+            char what[32];
+            snprintf(what, sizeof what, "session %d", i);
+            return nm_error_prefix(err, what);
+        }
     }
     const nm_model_batch mb = {.pool = b->pool,
                                .n_rows = n,

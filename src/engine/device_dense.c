@@ -4,8 +4,9 @@
  * a static chunk's residual stream to the layer's graph and takes back the
  * residual after attention, the experts' input and the router's logits,
  * so the host keeps only routing and the MoE's dynamic part. Layers the
- * device does not support, and layers whose experts all stay on the host,
- * keep their dense part on the host. */
+ * device does not support, and layers the session does not want there
+ * (forward.c: the plan's choice, or where the layer's experts run), keep
+ * their dense part on the host. */
 #include "engine-impl.h"
 
 #include "base/base.h"
@@ -70,16 +71,18 @@ nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, 
 }
 
 /* Whether nm_dense_spec can say what layer il computes before the experts:
- * it has no field for attention sinks, a sliding window, a router bias or
- * RoPE scaling (gpt-oss), so such a layer's dense part stays on the host. */
-static bool spec_expresses(const nm_model *m, int32_t il) {
+ * a MoE layer with multi-head attention (not latent) and none of what the
+ * spec has no field for: attention sinks, a sliding window, a router bias,
+ * RoPE scaling (gpt-oss). Other layers keep their dense part on the host. */
+bool nm_engine_dense_expresses(const nm_model *m, int32_t il) {
     const nm_layer *l = &m->layers[il];
-    return !l->sinks && l->window == 0 && !l->router_b && !m->hp.rope_scaled;
+    return nm_model_layer_is_moe(&m->hp, il) && m->hp.n_lora_kv == 0 && !l->sinks &&
+           l->window == 0 && !l->router_b && !m->hp.rope_scaled;
 }
 
-nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_exec *ex,
-                              int32_t rows, int32_t n_pos, nm_kv_type kv_type,
-                              const float *rope_factors, nm_engine_dense **out, nm_error *err) {
+nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const bool *want, int32_t rows,
+                              int32_t n_pos, nm_kv_type kv_type, const float *rope_factors,
+                              nm_engine_dense **out, nm_error *err) {
     *out = NULL;
     const nm_hparams *hp = &m->hp;
     nm_engine_dense *d = nm_calloc(1, sizeof *d);
@@ -96,13 +99,7 @@ nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_ex
     d->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     d->kv_elem = kv_type == NM_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     for (int32_t il = 0; il < hp->n_layer; il++) {
-        /* a layer none of whose experts the mode (or the plan's residency)
-         * puts on the device keeps its dense part on the host too */
-        /* nor do a layer without experts, latent attention, or a form the
-         * dense graph does not express (spec_expresses) */
-        if (!nm_model_layer_is_moe(hp, il) || hp->n_lora_kv > 0 ||
-            !nm_moe_exec_uses_device(ex, nm_model_moe_index(hp, il)) || !spec_expresses(m, il))
-            continue;
+        if (!want[il] || !nm_engine_dense_expresses(m, il)) continue;
         const nm_dense_spec spec = nm_engine_dense_spec(m, il, rows, n_pos, kv_type, rope_factors);
         nm_error why = {0};
         /* a form the device does not implement: the host keeps the layer */

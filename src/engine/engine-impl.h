@@ -19,6 +19,10 @@ typedef struct nm_state_params {
     const nm_moe_plan *plan; /* tiers, grouped, npumoe */
     nm_device *device;       /* every mode but dense */
     nm_kv_type kv_type;      /* KV cache elements: F32 (default) or F16 */
+    /* npumoe: [n_layer] the plan's choice of where each layer's dense part
+     * runs; NULL (a plan made before it chose, or another mode): on the
+     * device in every layer whose experts the mode runs there in part */
+    const bool *dense_on_device;
 } nm_state_params;
 
 nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *params,
@@ -34,6 +38,11 @@ nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st);
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st);
 /* Layers whose dense part of static chunks the session's device runs. */
 int32_t nm_engine_state_dense_layers(const nm_engine_state *st);
+/* [n_layer] what the device did inside each layer's step of static chunks
+ * (the dense part and the experts), since creation or the last reset;
+ * NULL without a device. */
+const nm_device_stats *nm_engine_state_device_layers(const nm_engine_state *st);
+void nm_engine_state_reset_device_layers(nm_engine_state *st, int32_t n_layer);
 /* The tap every later batch reports to (fn NULL: none). */
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx);
 /* Layer il's part of the cache (its stage: the state's, NULL for F32). */
@@ -43,9 +52,11 @@ const float *nm_engine_state_rope_factors(const nm_engine_state *st);
 /* For a row computed on the host outside nm_engine_forward (nm_batch_decode)
  * at position n_past: before it, the host's cache brought up to n_past from
  * the device's dense graphs that hold the prompt's K/V (nothing to do
- * without them); after it, the host's cache valid to n_past + 1 and the
- * graphs' copy no further than n_past. */
-void nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past);
+ * without them; a device that failed, before or in the copy, is its error:
+ * the cache is then not the prompt's); after it, the host's cache valid to
+ * n_past + 1 and the graphs' copy no further than n_past. */
+nm_status nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past,
+                                     nm_error *err);
 void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past);
 
 /* A session (session.c): the model, its runtime, the positions cached. */
@@ -73,15 +84,18 @@ typedef struct nm_engine_dense nm_engine_dense;
 nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, int32_t n_pos,
                                    nm_kv_type kv_type, const float *rope_factors);
 
+/* Whether a dense graph can express layer il of m (a MoE layer of
+ * multi-head attention whose every form nm_dense_spec has a field for). */
+bool nm_engine_dense_expresses(const nm_model *m, int32_t il);
+
 /* One dense graph (NM_GRAPH_DENSE) of `rows` rows over n_pos positions for
- * every layer of m that dev supports (nm_device_check_dense) and whose
- * experts the static executor ex runs on it in part at least
- * (nm_moe_exec_uses_device); the others keep their dense part on the host,
+ * every layer il of m with want[il] that it expresses and dev supports
+ * (nm_device_check_dense); the others keep their dense part on the host,
  * which may be all of them. Fails only when a graph fails to compile
  * (memory, a lost device). */
-nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const nm_moe_exec *ex,
-                              int32_t rows, int32_t n_pos, nm_kv_type kv_type,
-                              const float *rope_factors, nm_engine_dense **out, nm_error *err);
+nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const bool *want, int32_t rows,
+                              int32_t n_pos, nm_kv_type kv_type, const float *rope_factors,
+                              nm_engine_dense **out, nm_error *err);
 void nm_engine_dense_free(nm_engine_dense *d);
 /* Layers whose dense part the device runs (0 for d NULL). */
 int32_t nm_engine_dense_count(const nm_engine_dense *d);
@@ -95,5 +109,14 @@ void nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch 
  * host's cache (kv) and the layer's graph. */
 void nm_engine_dense_kv(nm_engine_dense *d, int32_t il, const nm_kv_view *kv, int32_t pos0,
                         int32_t n, bool to_device);
+
+/* The dense part of m's layer 0 over a chunk of `chunk` tokens (the
+ * embeddings of fixed token ids) at position 0, routing included, median
+ * of reps after one untimed run: on the host (*host_ms, n_threads
+ * threads) and, when dev has the layer's form (nm_device_check_dense), as
+ * one launch of a dense graph with its copies (*device_ms; else 0). A
+ * device that fails meanwhile is its error. */
+nm_status nm_engine_time_dense(const nm_model *m, nm_device *dev, int32_t chunk, int n_threads,
+                               int reps, double *host_ms, double *device_ms, nm_error *err);
 
 #endif /* NM_ENGINE_IMPL_H */

@@ -40,6 +40,9 @@ struct nm_engine_state {
      * first brings its side's copy up to n_past from the other. */
     nm_engine_dense *dense_dev;
     int32_t kv_host_n, kv_dev_n;
+    nm_device *device;          /* the static mode's, or NULL */
+    nm_device_stats *dev_layer; /* [MoE layers] the device's work inside each layer's step of
+                                   static chunks, since creation or the last reset */
     const float *rope_factors; /* [n_rot / 2] the model's short or long ones, or NULL */
     nm_tap_fn tap;             /* the session's tap, NULL: none */
     void *tap_ctx;
@@ -110,6 +113,11 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
         st->shexp = alloc_floats(st, nb * (size_t)nm_model_shexp_scratch(hp), &ok);
     st->ids = nm_calloc(nb * k, sizeof(int32_t));
     const int32_t n_moe = nm_model_n_moe_layers(hp);
+    st->device = p->mode == NM_MODE_DENSE ? NULL : p->device;
+    if (st->device) {
+        st->dev_layer = nm_calloc((size_t)n_moe, sizeof *st->dev_layer);
+        if (!st->dev_layer) ok = false;
+    }
     st->experts = nm_calloc((size_t)n_moe, sizeof *st->experts);
     if (!st->ids || !st->experts) ok = false;
     if (!ok) {
@@ -137,9 +145,20 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
         ep.plan = p->plan;
         ep.device = p->device;
         s = nm_moe_exec_new(&ep, &st->prefill, err);
+        bool *want = s == NM_OK ? nm_malloc((size_t)hp->n_layer * sizeof *want) : NULL;
+        if (s == NM_OK && !want) s = nm_errorf(err, NM_ERR_NOMEM, "out of memory for a session");
+        for (int32_t il = 0; want && il < hp->n_layer; il++) {
+            /* the plan's and the executor's layers are the MoE layers */
+            const int32_t ml = nm_model_moe_index(hp, il);
+            want[il] = nm_model_layer_is_moe(hp, il) &&
+                       (p->mode == NM_MODE_NPUMOE && p->dense_on_device
+                            ? p->dense_on_device[ml]
+                            : nm_moe_exec_uses_device(st->prefill, ml));
+        }
         if (s == NM_OK)
-            s = nm_engine_dense_new(m, p->device, st->prefill, n_batch, st->n_kv, p->kv_type,
+            s = nm_engine_dense_new(m, p->device, want, n_batch, st->n_kv, p->kv_type,
                                     st->rope_factors, &st->dense_dev, err);
+        nm_free(want);
     }
     if (s != NM_OK) {
         nm_engine_state_free(st);
@@ -166,6 +185,7 @@ void nm_engine_state_free(nm_engine_state *st) {
     nm_free(st->shexp);
     nm_free(st->ids);
     nm_free(st->weights);
+    nm_free(st->dev_layer);
     nm_engine_dense_free(st->dense_dev);
     nm_moe_exec_free(st->prefill);
     nm_moe_exec_free(st->dense);
@@ -180,6 +200,25 @@ nm_moe_exec *nm_engine_state_prefill_exec(nm_engine_state *st) { return st->pref
 nm_moe_exec *nm_engine_state_dense_exec(nm_engine_state *st) { return st->dense; }
 int32_t nm_engine_state_dense_layers(const nm_engine_state *st) {
     return nm_engine_dense_count(st->dense_dev);
+}
+
+const nm_device_stats *nm_engine_state_device_layers(const nm_engine_state *st) {
+    return st->dev_layer;
+}
+
+void nm_engine_state_reset_device_layers(nm_engine_state *st, int32_t n_layer) {
+    if (st->dev_layer) memset(st->dev_layer, 0, (size_t)n_layer * sizeof *st->dev_layer);
+}
+
+/* acc += the device's work between a and b (what it counts over time) */
+static void add_device_work(nm_device_stats *acc, const nm_device_stats *a,
+                            const nm_device_stats *b) {
+    acc->dispatches += b->dispatches - a->dispatches;
+    acc->dense_dispatches += b->dense_dispatches - a->dense_dispatches;
+    acc->syncs += b->syncs - a->syncs;
+    acc->busy_ns += b->busy_ns - a->busy_ns;
+    acc->rows_computed += b->rows_computed - a->rows_computed;
+    acc->upload_bytes += b->upload_bytes - a->upload_bytes;
 }
 
 void nm_engine_state_set_tap(nm_engine_state *st, nm_tap_fn fn, void *ctx) {
@@ -237,12 +276,39 @@ static void kv_written(nm_engine_state *st, bool on_device, int32_t n_past, int3
     if (*other > n_past) *other = n_past;
 }
 
-void nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past) {
-    if (st->dense_dev) kv_sync(m, st, false, n_past);
+nm_status nm_engine_state_kv_to_host(const nm_model *m, nm_engine_state *st, int32_t n_past,
+                                     nm_error *err) {
+    if (!st->dense_dev) return NM_OK;
+    kv_sync(m, st, false, n_past);
+    return nm_device_check(st->device, err);
 }
 
 void nm_engine_state_host_wrote(nm_engine_state *st, int32_t n_past) {
     if (st->dense_dev) kv_written(st, false, n_past, 1, true);
+}
+
+/* The batch of n_rows rows (n_real real) at n_past over st's buffers. */
+static nm_model_batch batch_of(nm_engine_state *st, int32_t n_rows, int32_t n_real,
+                               int32_t n_past) {
+    return (nm_model_batch){.pool = st->pool,
+                            .n_rows = n_rows,
+                            .n_real = n_real,
+                            .n_past = n_past,
+                            .rope_factors = st->rope_factors,
+                            .x = st->x,
+                            .xn = st->xn,
+                            .q = st->q,
+                            .att = st->att,
+                            .proj = st->proj,
+                            .scores = st->scores,
+                            .scores_stride = st->n_kv,
+                            .router = st->router,
+                            .ids = st->ids,
+                            .weights = st->weights,
+                            .probs = st->probs,
+                            .shexp = st->shexp,
+                            .tap = st->tap ? engine_tap : NULL,
+                            .tap_ctx = st};
 }
 
 nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_t *ids, int32_t n,
@@ -265,32 +331,24 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
      * rows, are never routed, and their K/V land past n_past + n, where the
      * next batch overwrites them: no real row sees them. */
     nm_moe_exec *ex = st->prefill && n > 1 ? st->prefill : st->dense;
-    const nm_model_batch b = {.pool = st->pool,
-                              .n_rows = ex == st->prefill ? st->n_batch : n,
-                              .n_real = n,
-                              .n_past = n_past,
-                              .rope_factors = st->rope_factors,
-                              .x = st->x,
-                              .xn = st->xn,
-                              .q = st->q,
-                              .att = st->att,
-                              .proj = st->proj,
-                              .scores = st->scores,
-                              .scores_stride = st->n_kv,
-                              .router = st->router,
-                              .ids = st->ids,
-                              .weights = st->weights,
-                              .probs = st->probs,
-                              .shexp = st->shexp,
-                              .tap = st->tap ? engine_tap : NULL,
-                              .tap_ctx = st};
+    const nm_model_batch b = batch_of(st, ex == st->prefill ? st->n_batch : n, n, n_past);
     /* A static chunk's dense parts go to the device's graphs, except under
      * a tap, which sees every block's tensors only on the host. */
     const bool on_device = ex == st->prefill && st->dense_dev && !st->tap;
-    if (st->dense_dev) kv_sync(m, st, on_device, n_past);
+    if (st->dense_dev) {
+        kv_sync(m, st, on_device, n_past);
+        /* a device that failed, before or in the copies of K/V: the cache
+         * the batch would read is not the prompt's */
+        const nm_status kst = nm_device_check(st->device, err);
+        if (kst != NM_OK) return kst;
+    }
     nm_model_embed(m, ids, n, &b);
     st->stop_name = NULL;
+    /* the device's work per layer of static chunks (metrics) */
+    const bool count = ex == st->prefill && st->dev_layer;
+    nm_device_stats before, after;
     for (int32_t il = 0; il < hp->n_layer && !st->stop_name; il++) {
+        if (count) st->device->ops->stats(st->device, &before);
         if (on_device && nm_engine_dense_has(st->dense_dev, il)) {
             nm_engine_dense_layer(st->dense_dev, il, &b);
             if (!nm_model_route_logits(m, il, &b)) break;
@@ -298,14 +356,19 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
             const nm_kv_view kv = nm_engine_state_kv(m, st, il);
             if (!nm_model_attention(m, il, &b, &kv) || !nm_model_route(m, il, &b)) break;
         }
-        if (nm_model_layer_is_moe(hp, il)) /* a dense layer's FFN is in the residual */
-            nm_moe_exec_layer(ex, st->pool, nm_model_moe_index(hp, il), st->x, st->xn, n, st->ids,
-                              st->weights, st->proj);
+        if (nm_model_layer_is_moe(hp, il)) { /* a dense layer's FFN is in the residual */
+            const int32_t ml = nm_model_moe_index(hp, il);
+            nm_moe_exec_layer(ex, st->pool, ml, st->x, st->xn, n, st->ids, st->weights, st->proj);
+            if (count) {
+                st->device->ops->stats(st->device, &after);
+                add_device_work(&st->dev_layer[ml], &before, &after);
+            }
+        }
         nm_model_ffn_residual(m, il, &b);
     }
     /* a device that failed (lost) under the chunk's graphs: the chunk's
      * results are void, and the device's message says why */
-    nm_status dst = nm_moe_exec_check(ex, err);
+    nm_status dst = st->device ? nm_device_check(st->device, err) : nm_moe_exec_check(ex, err);
     if (st->dense_dev) kv_written(st, on_device, n_past, n, dst == NM_OK && !st->stop_name);
     if (dst) return dst;
     if (!st->stop_name && logits) nm_model_output(m, &b, all_logits ? 0 : n - 1, logits);
@@ -314,4 +377,77 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
                          "the tap stopped the evaluation at layer %d, tensor %s (positions %d..%d)",
                          st->stop_layer, st->stop_name, n_past, n_past + n - 1);
     return NM_OK;
+}
+
+/* One timed repetition: layer il's dense part of the chunk x0 on the host
+ * (d NULL) or on d's graph. */
+static double time_dense_once(const nm_model *m, int32_t il, nm_engine_state *st,
+                              nm_engine_dense *d, const float *x0) {
+    const nm_model_batch b = batch_of(st, st->n_batch, st->n_batch, 0);
+    memcpy(st->x, x0, (size_t)st->n_batch * (size_t)m->hp.n_embd * sizeof(float));
+    const int64_t t0 = nm_time_ns();
+    if (d) {
+        nm_engine_dense_layer(d, il, &b);
+        nm_model_route_logits(m, il, &b);
+    } else {
+        const nm_kv_view kv = nm_engine_state_kv(m, st, il);
+        nm_model_attention(m, il, &b, &kv);
+        nm_model_route(m, il, &b);
+    }
+    return (double)(nm_time_ns() - t0) * 1e-6;
+}
+
+nm_status nm_engine_time_dense(const nm_model *m, nm_device *dev, int32_t chunk, int n_threads,
+                               int reps, double *host_ms, double *device_ms, nm_error *err) {
+    NM_ASSERT(m && dev && chunk >= 1 && reps >= 1 && host_ms && device_ms);
+    *host_ms = *device_ms = 0;
+    const nm_state_params sp = {.n_ctx = chunk,
+                                .n_batch = chunk,
+                                .n_threads = n_threads,
+                                .mode = NM_MODE_DENSE,
+                                .kv_type = NM_KV_F32};
+    nm_engine_state *st = NULL;
+    nm_status s = nm_engine_state_new(m, &sp, &st, err);
+    if (s != NM_OK) return s;
+    const size_t n_x = (size_t)chunk * (size_t)m->hp.n_embd;
+    float *x0 = nm_malloc(n_x * sizeof *x0);
+    double *times = nm_malloc((size_t)reps * sizeof *times);
+    int32_t *ids = nm_malloc((size_t)chunk * sizeof *ids);
+    bool *want = nm_calloc((size_t)m->hp.n_layer, sizeof *want);
+    nm_engine_dense *d = NULL;
+    if (!x0 || !times || !ids || !want) {
+        s = nm_errorf(err, NM_ERR_NOMEM, "out of memory timing the dense part");
+        goto out;
+    }
+    /* real embeddings (a spread of the vocabulary), as a prompt gives */
+    for (int32_t t = 0; t < chunk; t++)
+        ids[t] = (int32_t)(((int64_t)t * 7919) % m->hp.n_vocab);
+    const nm_model_batch b = batch_of(st, chunk, chunk, 0);
+    nm_model_embed(m, ids, chunk, &b);
+    memcpy(x0, st->x, n_x * sizeof *x0);
+    const int32_t il = m->hp.n_layer_dense_lead; /* the first MoE layer */
+    time_dense_once(m, il, st, NULL, x0);        /* untimed: first touch */
+    for (int r = 0; r < reps; r++)
+        times[r] = time_dense_once(m, il, st, NULL, x0);
+    *host_ms = nm_median(times, reps);
+    if (!nm_engine_dense_expresses(m, il)) goto out; /* not measured */
+    const nm_dense_spec spec =
+        nm_engine_dense_spec(m, il, chunk, chunk, NM_KV_F32, st->rope_factors);
+    nm_error why = {0};
+    if (nm_device_check_dense(dev, &spec, &why) != NM_OK) goto out; /* not measured */
+    want[il] = true;
+    s = nm_engine_dense_new(m, dev, want, chunk, chunk, NM_KV_F32, st->rope_factors, &d, err);
+    if (s == NM_OK) time_dense_once(m, il, st, d, x0);
+    for (int r = 0; s == NM_OK && r < reps; r++)
+        times[r] = time_dense_once(m, il, st, d, x0);
+    if (s == NM_OK) s = nm_device_check(dev, err);
+    if (s == NM_OK) *device_ms = nm_median(times, reps);
+out:
+    nm_engine_dense_free(d);
+    nm_engine_state_free(st);
+    nm_free(x0);
+    nm_free(times);
+    nm_free(ids);
+    nm_free(want);
+    return s;
 }

@@ -57,7 +57,8 @@ nm_status nm_session_new(const nm_model *model, const nm_session_params *params,
                           .mode = p.mode,
                           .plan = p.plan ? &p.plan->moe : NULL,
                           .device = p.device,
-                          .kv_type = p.kv_type};
+                          .kv_type = p.kv_type,
+                          .dense_on_device = p.plan ? p.plan->dense_on_device : NULL};
     nm_status st = nm_engine_state_new(model, &sp, &s->state, err);
     if (st != NM_OK) {
         nm_free(s);
@@ -108,11 +109,24 @@ void nm_session_get_metrics(nm_session *session, nm_session_metrics *out) {
         t->moe_ns += m->moe_ns;
     }
     if (session->device) session->device->ops->stats(session->device, &out->device);
+    out->device_layers = nm_engine_state_device_layers(session->state);
+    for (int32_t l = 0; out->device_layers && l < out->n_layer; l++) {
+        const nm_device_stats *d = &out->device_layers[l];
+        nm_device_stats *t = &out->device_total;
+        t->dispatches += d->dispatches;
+        t->dense_dispatches += d->dense_dispatches;
+        t->syncs += d->syncs;
+        t->busy_ns += d->busy_ns;
+        t->rows_computed += d->rows_computed;
+        t->upload_bytes += d->upload_bytes;
+    }
 }
 
 void nm_session_reset_metrics(nm_session *session) {
     nm_moe_exec *ex = nm_engine_state_prefill_exec(session->state);
     nm_moe_exec_reset_metrics(ex ? ex : nm_engine_state_dense_exec(session->state));
+    nm_engine_state_reset_device_layers(session->state,
+                                        nm_model_n_moe_layers(&session->model->hp));
 }
 
 void nm_session_set_load_fn(nm_session *session, nm_load_fn fn, void *ctx) {

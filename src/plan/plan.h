@@ -178,6 +178,10 @@ typedef struct nm_plan_cost {
     double device_ms; /* device groups: each graph's measured time (dispatch included) */
     double host_ms;   /* host experts' expected load + expected spills of device experts */
     double chunk_ms;  /* max(device_ms, host_ms): they overlap */
+    /* the layer's dense part (attention, router) over a chunk where the plan
+     * puts it (dense_on_device), from the profile, scaled to the plan's chunk;
+     * 0 when the profile did not measure it. Not in chunk_ms (the MoE's). */
+    double dense_ms;
 } nm_plan_cost;
 
 struct nm_plan {
@@ -197,6 +201,10 @@ struct nm_plan {
     double predicted_drop_rate;
     double predicted_drop_weight;
     nm_plan_cost *layer_cost;  /* [n_layer] */
+    /* [n_layer] whether npumoe mode runs the layer's dense part on the
+     * device; NULL for a plan file made before the planner chose this:
+     * then a layer's dense part goes where one of its groups is */
+    bool *dense_on_device;
     double predicted_chunk_ms; /* sum over layers */
     uint64_t device_bytes;     /* predicted device memory of the resident groups */
 };

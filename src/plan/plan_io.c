@@ -13,11 +13,14 @@
  * most 2^28 groups (layers x experts) < 1e23. Anything beyond is garbage. */
 static const double max_cost_ms = 1e24;
 
-static json_t *cost_object(const nm_plan_cost *c) {
+/* dense: the plan places the dense parts (dense_ms is written only then, so
+ * a plan made before the choice saves back as it was) */
+static json_t *cost_object(const nm_plan_cost *c, bool dense) {
     json_t *o = json_object();
     bool ok = nm_json_put(o, "device_ms", nm_json_num(c->device_ms)) &&
-              nm_json_put(o, "host_ms", nm_json_num(c->host_ms)) &&
-              nm_json_put(o, "chunk_ms", nm_json_num(c->chunk_ms));
+              nm_json_put(o, "host_ms", nm_json_num(c->host_ms));
+    if (dense) ok = ok && nm_json_put(o, "dense_ms", nm_json_num(c->dense_ms));
+    ok = ok && nm_json_put(o, "chunk_ms", nm_json_num(c->chunk_ms));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -42,7 +45,11 @@ static json_t *layer_object(const nm_plan *plan, int32_t l) {
             ok = nm_json_push(experts, json_integer(grp->experts[i]));
         ok = ok && nm_json_put(go, "device", json_boolean(grp->on_device));
     }
-    ok = ok && nm_json_put(o, "cost", cost_object(&plan->layer_cost[l]));
+    if (plan->dense_on_device)
+        ok = ok &&
+             nm_json_put(o, "dense", json_string(plan->dense_on_device[l] ? "device" : "host"));
+    ok = ok &&
+         nm_json_put(o, "cost", cost_object(&plan->layer_cost[l], plan->dense_on_device != NULL));
     if (!ok) {
         json_decref(o);
         return NULL;
@@ -184,6 +191,9 @@ static nm_status read_cost(const json_t *layer, int32_t l, nm_plan_cost *c, nm_e
         (st = nm_json_get_num(cost, "host_ms", 0, max_cost_ms, &c->host_ms, where, err)) ||
         (st = nm_json_get_num(cost, "chunk_ms", 0, max_cost_ms, &c->chunk_ms, where, err)))
         return st;
+    /* dense_ms: absent in plans made before the dense part was weighed */
+    st = nm_json_get_num(cost, "dense_ms", 0, max_cost_ms, &c->dense_ms, where, err);
+    if (st != NM_OK && st != NM_ERR_NOT_FOUND) return st;
     if (!nm_plan_close(c->chunk_ms, fmax(c->device_ms, c->host_ms)))
         return nm_errorf(err, NM_ERR_FORMAT,
                          "%s: chunk_ms %.17g is not max(device_ms %.17g, host_ms %.17g)", where,
@@ -248,6 +258,35 @@ static nm_status read_budget(const json_t *layer, int32_t l, nm_plan *plan, nm_e
     return NM_OK;
 }
 
+/* layers[l].dense, "device" or "host": in every layer or in none (a plan
+ * made before the planner chose it, dense_on_device stays NULL). */
+static nm_status read_dense(const json_t *layer, int32_t l, nm_plan *plan, nm_error *err) {
+    char where[24];
+    snprintf(where, sizeof where, "layers[%d]", l);
+    const char *name = NULL;
+    nm_status st = nm_json_get_str(layer, "dense", &name, where, err);
+    if (st == NM_ERR_NOT_FOUND && !plan->dense_on_device) return NM_OK; /* nor layers[0] */
+    if (st == NM_OK && l > 0 && !plan->dense_on_device)
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "%s.dense: given here but not in layers[0] (every layer or none)", where);
+    if (st != NM_OK) {
+        if (st == NM_ERR_NOT_FOUND) { /* layers[0] has one */
+            st = NM_ERR_FORMAT;
+            if (err) err->status = st;
+        }
+        return st;
+    }
+    if (strcmp(name, "device") != 0 && strcmp(name, "host") != 0)
+        return nm_errorf(err, NM_ERR_FORMAT, "%s.dense: \"%.40s\" is not \"device\" or \"host\"",
+                         where, name);
+    if (!plan->dense_on_device) {
+        plan->dense_on_device = nm_calloc((size_t)plan->moe.n_layer, sizeof(bool));
+        if (!plan->dense_on_device) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    }
+    plan->dense_on_device[l] = strcmp(name, "device") == 0;
+    return NM_OK;
+}
+
 static nm_status read_layers(const json_t *layers, nm_plan *plan, nm_error *err) {
     nm_status st = NM_OK;
     double sum = 0;
@@ -272,7 +311,7 @@ static nm_status read_layers(const json_t *layers, nm_plan *plan, nm_error *err)
             if (st != NM_OK) return st;
         }
         if ((st = read_cost(layer, l, &plan->layer_cost[l], err)) ||
-            (st = read_budget(layer, l, plan, err)))
+            (st = read_budget(layer, l, plan, err)) || (st = read_dense(layer, l, plan, err)))
             return st;
         sum += plan->layer_cost[l].chunk_ms;
     }
@@ -443,10 +482,27 @@ void nm_plan_describe(const nm_plan *plan, FILE *f) {
             (long long)n_graphs, (long long)n_dev_experts, (long long)moe->n_layer * moe->n_expert,
             (long long)n_rows, (double)plan->device_bytes / (1024.0 * 1024.0));
     fprintf(f, "predicted:  %.4f ms per chunk (all layers)\n", plan->predicted_chunk_ms);
+    if (plan->dense_on_device) {
+        int32_t n_dense = 0;
+        double dense_ms = 0;
+        for (int32_t l = 0; l < moe->n_layer; l++) {
+            n_dense += plan->dense_on_device[l];
+            dense_ms += plan->layer_cost[l].dense_ms;
+        }
+        fprintf(f, "dense part: on the device in %d of %d layers, %.4f ms per chunk%s\n", n_dense,
+                moe->n_layer, dense_ms, dense_ms > 0 ? "" : " (not measured by the profile)");
+    } else {
+        fprintf(f, "dense part: where each layer's groups are (a plan made before the planner "
+                   "chose it)\n");
+    }
     for (int32_t l = 0; l < moe->n_layer; l++) {
         const nm_plan_cost *c = &plan->layer_cost[l];
-        fprintf(f, "layer %d: device %.4f ms, host %.4f ms, chunk %.4f ms\n", l, c->device_ms,
+        fprintf(f, "layer %d: device %.4f ms, host %.4f ms, chunk %.4f ms", l, c->device_ms,
                 c->host_ms, c->chunk_ms);
+        if (plan->dense_on_device)
+            fprintf(f, "; dense part on the %s, %.4f ms",
+                    plan->dense_on_device[l] ? "device" : "host", c->dense_ms);
+        fputc('\n', f);
         for (int32_t g = 0; g < moe->layers[l].n_groups; g++) {
             const nm_moe_group *grp = &moe->layers[l].groups[g];
             fprintf(f, "  %-6s tier %4d  experts ", grp->on_device ? "device" : "host",

@@ -44,7 +44,19 @@
  * host's per-chunk overhead of the MoE step (the profile's
  * host_overhead_ms, scaled from its chunk length to the plan's: table,
  * gather, scatter and combine grow with the tokens); chunk_ms = max of the
- * two, as they overlap. */
+ * two, as they overlap.
+ *
+ * The dense part of a layer (attention and router, graph kind 2). It runs
+ * before routing and routing before the experts, so nothing overlaps it:
+ * a layer's dense part goes to the device when the profile measured the
+ * device's launch (with its copies) cheaper than the host doing the same
+ * work, else it stays on the host; both costs are per chunk of the
+ * profile's length, scaled to the plan's. Every layer has the same form,
+ * so the choice is the same in every layer. A profile without that
+ * measurement (older files, a device without dense graphs for the
+ * model's form) leaves a layer's dense part where its groups are: on the
+ * device when one of them is, as sessions did before plans carried the
+ * choice. params.dense forces either side. */
 #include "plan-impl.h"
 
 #include "base/base.h"
@@ -62,6 +74,26 @@ const char *nm_plan_objective_name(nm_plan_objective objective) {
     return (unsigned)objective < NM_PLAN_OBJECTIVE_COUNT ? objective_names[objective] : "unknown";
 }
 
+static const char *const placement_names[NM_DENSE_PLACEMENT_COUNT] = {
+    [NM_DENSE_BY_PROFILE] = "profile",
+    [NM_DENSE_ON_HOST] = "host",
+    [NM_DENSE_ON_DEVICE] = "device",
+};
+
+const char *nm_dense_placement_name(nm_dense_placement placement) {
+    return (unsigned)placement < NM_DENSE_PLACEMENT_COUNT ? placement_names[placement] : "unknown";
+}
+
+nm_status nm_dense_placement_parse(const char *name, nm_dense_placement *out, nm_error *err) {
+    for (int i = 0; name && i < NM_DENSE_PLACEMENT_COUNT; i++)
+        if (strcmp(name, placement_names[i]) == 0) {
+            *out = (nm_dense_placement)i;
+            return NM_OK;
+        }
+    return nm_errorf(err, NM_ERR_INVALID_ARG,
+                     "dense placement '%s': expected profile, host or device", name ? name : "");
+}
+
 nm_plan_params nm_plan_default_params(void) {
     return (nm_plan_params){
         .objective = NM_PLAN_BUDGET,
@@ -74,6 +106,7 @@ nm_plan_params nm_plan_default_params(void) {
         .salience = NM_SALIENCE_ROUTER,
         .device_memory_bytes = UINT64_MAX,
         .max_group_experts = 0,
+        .dense = NM_DENSE_BY_PROFILE,
     };
 }
 
@@ -89,6 +122,7 @@ void nm_plan_free(nm_plan *plan) {
     nm_free(plan->layer_cost);
     nm_free(plan->tiers);
     nm_free(plan->budget_rows);
+    nm_free(plan->dense_on_device);
     nm_free(plan);
 }
 
@@ -539,6 +573,33 @@ static void compute_costs(planner *pl) {
     }
 }
 
+/* Where each layer's dense part runs (the comment at the top), and its
+ * predicted cost there. After compute_costs and the residency. */
+static nm_status place_dense(planner *pl, nm_error *err) {
+    nm_plan *plan = pl->plan;
+    const nm_profile *p = pl->profile;
+    plan->dense_on_device = nm_calloc((size_t)plan->moe.n_layer, sizeof(bool));
+    if (!plan->dense_on_device) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
+    const bool measured = p->dense_device_ms > 0 && p->dense_host_ms > 0;
+    const double scale = (double)pl->calib->chunk / (double)p->chunk;
+    for (int32_t l = 0; l < plan->moe.n_layer; l++) {
+        bool on = false;
+        if (pl->params.dense == NM_DENSE_ON_DEVICE) {
+            on = true;
+        } else if (pl->params.dense == NM_DENSE_BY_PROFILE && measured) {
+            on = p->dense_device_ms < p->dense_host_ms;
+        } else if (pl->params.dense == NM_DENSE_BY_PROFILE) {
+            const nm_moe_layer_plan *lp = &plan->moe.layers[l];
+            for (int32_t g = 0; g < lp->n_groups; g++)
+                on = on || lp->groups[g].on_device;
+        }
+        plan->dense_on_device[l] = on;
+        plan->layer_cost[l].dense_ms =
+            measured ? (on ? p->dense_device_ms : p->dense_host_ms) * scale : 0.0;
+    }
+    return NM_OK;
+}
+
 /* ---- checks ---- */
 
 static nm_status check_params(const nm_plan_params *p, int32_t chunk, nm_error *err) {
@@ -567,6 +628,8 @@ static nm_status check_params(const nm_plan_params *p, int32_t chunk, nm_error *
     if ((unsigned)p->overflow >= NM_OVERFLOW_COUNT || (unsigned)p->salience >= NM_SALIENCE_COUNT)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown overflow (%d) or salience (%d) policy",
                          (int)p->overflow, (int)p->salience);
+    if ((unsigned)p->dense >= NM_DENSE_PLACEMENT_COUNT)
+        return nm_errorf(err, NM_ERR_INVALID_ARG, "unknown dense placement %d", (int)p->dense);
     if (p->max_group_experts < 0)
         return nm_errorf(err, NM_ERR_INVALID_ARG, "max_group_experts %d is negative",
                          p->max_group_experts);
@@ -719,6 +782,9 @@ nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const n
     }
     if (st == NM_OK) {
         compute_costs(&pl);
+        st = place_dense(&pl, err);
+    }
+    if (st == NM_OK) {
         st = nm_moe_plan_check(&plan->moe, n_layer, n_expert, err);
         NM_ASSERT(st == NM_OK || st == NM_ERR_NOMEM); /* every expert is placed once */
     }

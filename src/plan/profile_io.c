@@ -40,8 +40,14 @@ nm_status nm_profile_check(const nm_profile *p, nm_error *err) {
     if ((st = check_time("dispatch_ms", p->dispatch_ms, true, err)) ||
         (st = check_time("host_row_ms", p->host_row_ms, false, err)) ||
         (st = check_time("host_expert_ms", p->host_expert_ms, true, err)) ||
-        (st = check_time("host_overhead_ms", p->host_overhead_ms, true, err)))
+        (st = check_time("host_overhead_ms", p->host_overhead_ms, true, err)) ||
+        (st = check_time("dense_device_ms", p->dense_device_ms, true, err)) ||
+        (st = check_time("dense_host_ms", p->dense_host_ms, true, err)))
         return st;
+    if ((p->dense_device_ms > 0) != (p->dense_host_ms > 0))
+        return nm_errorf(err, NM_ERR_FORMAT,
+                         "dense_device_ms %g and dense_host_ms %g: both measured or neither (0)",
+                         p->dense_device_ms, p->dense_host_ms);
     if (p->chunk < 1 || p->chunk > NM_PLAN_MAX_CHUNK)
         return nm_errorf(err, NM_ERR_FORMAT, "chunk %d is not in [1, %d]", p->chunk,
                          NM_PLAN_MAX_CHUNK);
@@ -108,6 +114,10 @@ nm_status nm_profile_save_memory(const nm_profile *p, char **text, size_t *n_byt
               nm_json_put(root, "host_expert_ms", nm_json_num(p->host_expert_ms)) &&
               nm_json_put(root, "chunk", json_integer(p->chunk)) &&
               nm_json_put(root, "host_overhead_ms", nm_json_num(p->host_overhead_ms));
+    /* not measured: left out, as files made before the measurement are */
+    if (p->dense_device_ms > 0)
+        ok = ok && nm_json_put(root, "dense_device_ms", nm_json_num(p->dense_device_ms)) &&
+             nm_json_put(root, "dense_host_ms", nm_json_num(p->dense_host_ms));
     ok = nm_json_put(root, "points", points) && ok;
     for (int32_t i = 0; ok && i < p->n_points; i++) {
         json_t *pt = json_object();
@@ -168,6 +178,15 @@ static nm_status read_profile(const json_t *root, void *ctx, nm_error *err) {
                               err)) ||
         (st = nm_json_get_arr(root, "points", &points, NULL, err)))
         return st;
+    /* absent in profiles measured before the dense graph was: 0, not measured */
+    if ((st = nm_json_get_num(root, "dense_device_ms", 0, max_ms, &p->dense_device_ms, NULL,
+                              err)) == NM_ERR_NOT_FOUND)
+        st = NM_OK;
+    if (st != NM_OK) return st;
+    if ((st = nm_json_get_num(root, "dense_host_ms", 0, max_ms, &p->dense_host_ms, NULL, err)) ==
+        NM_ERR_NOT_FOUND)
+        st = NM_OK;
+    if (st != NM_OK) return st;
     p->d_model = d_model;
     p->d_ff = d_ff;
     p->chunk = (int32_t)chunk;

@@ -15,6 +15,9 @@ enum { MAX_LENGTHS = 16, MAX_REPS = 1000 };
 typedef struct cell {
     double ttft_ms[MAX_REPS];
     double cpu_ms[MAX_REPS];
+    double energy_j[MAX_REPS]; /* < 0: not available (energy_why) */
+    char energy_why[256];
+    nm_device_stats device;     /* the device's work in the layers (dense parts, experts) */
     nm_session_metrics metrics; /* of the last repetition (the same every time) */
     nm_moe_layer_metrics total;
     uint64_t graphs_compiled;
@@ -93,9 +96,11 @@ static int index_of(const bench *b, nm_mode m) {
 static void write_markdown(FILE *f, const bench *b, const char *device) {
     const int i_naive = index_of(b, NM_MODE_NAIVE), i_dense = index_of(b, NM_MODE_DENSE);
     fprintf(f,
-            "| prompt | mode | TTFT ms (median) | min-max | host CPU ms | vs naive | vs dense |"
-            " dispatches/layer/chunk | padding waste | drop rate | spill rate | MoE ms/chunk |\n");
-    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            "| prompt | mode | TTFT ms (median) | min-max | host CPU ms | energy J | vs naive | "
+            "vs dense | dispatches/layer/chunk | syncs/layer/chunk | padding waste | drop rate | "
+            "spill rate | MoE ms/chunk |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    const char *no_energy = NULL;
     for (int li = 0; li < b->n_lengths; li++)
         for (int mi = 0; mi < b->n_modes; mi++) {
             const cell *c = at(b, li, mi);
@@ -108,16 +113,22 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
                 snprintf(vs_dense, sizeof vs_dense, "%.2fx",
                          median(at(b, li, i_dense)->ttft_ms, b->reps) / t);
             const nm_moe_layer_metrics *m = &c->total;
+            char energy[32] = "n/a";
+            if (minimum(c->energy_j, b->reps) >= 0)
+                snprintf(energy, sizeof energy, "%.3f", median(c->energy_j, b->reps));
+            else
+                no_energy = c->energy_why;
             fprintf(f,
-                    "| %d | %s | %.1f | %.1f-%.1f | %.1f | %s | %s | %.2f | %.1f%% | %.3f%% | "
-                    "%.3f%% | %.3f |\n",
+                    "| %d | %s | %.1f | %.1f-%.1f | %.1f | %s | %s | %s | %.2f | %.2f | %.1f%% | "
+                    "%.3f%% | %.3f%% | %.3f |\n",
                     b->lengths[li], nm_mode_name(b->modes[mi]), t, minimum(c->ttft_ms, b->reps),
-                    maximum(c->ttft_ms, b->reps), cpu, vs_naive, vs_dense,
-                    ratio(m->dispatches, m->chunks),
+                    maximum(c->ttft_ms, b->reps), cpu, energy, vs_naive, vs_dense,
+                    ratio(c->device.dispatches, m->chunks), ratio(c->device.syncs, m->chunks),
                     100.0 * ratio(m->reserved_rows - m->device_rows, m->reserved_rows),
                     100.0 * ratio(m->dropped, m->assignments),
                     100.0 * ratio(m->spilled, m->assignments), moe_ms_per_chunk(b, c));
         }
+    if (no_energy) fprintf(f, "\nenergy: not available (%s).", no_energy);
     for (int li = 0; li < b->n_lengths; li++)
         for (int mi = 0; mi < b->n_modes; mi++) {
             const double sp = spread(at(b, li, mi)->ttft_ms, b->reps);
@@ -148,7 +159,9 @@ static void write_markdown(FILE *f, const bench *b, const char *device) {
         }
     fprintf(f,
             "\nTTFT: prefill of the whole prompt plus sampling the first token; ratios are of "
-            "median TTFT (higher = faster than that mode). Device: %s; chunk %d; %d "
+            "median TTFT (higher = faster than that mode); host CPU: user+sys of the process "
+            "(getrusage); energy: the CPU packages' (RAPL), whole machine; dispatches and syncs: "
+            "the device's, dense parts included. Device: %s; chunk %d; %d "
             "repetitions per cell, modes alternated.\n",
             device, b->chunk, b->reps);
 }
@@ -173,7 +186,23 @@ static int write_json(FILE *f, const bench *b, const char *device) {
                 "drop_rate", json_fixed(ratio(m->dropped, m->assignments), 6), "spill_rate",
                 json_fixed(ratio(m->spilled, m->assignments), 6), "moe_ms_per_chunk",
                 json_fixed(moe_ms_per_chunk(b, c), 4));
-            ok = json_array_append_new(results, r) == 0;
+            const bool energy = minimum(c->energy_j, b->reps) >= 0;
+            if (r &&
+                json_object_update_new(
+                    r, json_pack("{s:o, s:s, s:I, s:I, s:I, s:o, s:o}", "energy_j",
+                                 energy ? json_fixed(median(c->energy_j, b->reps), 6) : json_null(),
+                                 "energy_note",
+                                 energy ? "RAPL, the CPU packages, whole machine" : c->energy_why,
+                                 "device_dispatches", (json_int_t)c->device.dispatches,
+                                 "dense_dispatches", (json_int_t)c->device.dense_dispatches,
+                                 "syncs", (json_int_t)c->device.syncs, "syncs_per_layer_chunk",
+                                 json_fixed(ratio(c->device.syncs, m->chunks), 3),
+                                 "dispatches_per_layer_chunk",
+                                 json_fixed(ratio(c->device.dispatches, m->chunks), 3))) != 0) {
+                json_decref(r);
+                r = NULL;
+            }
+            ok = r && json_array_append_new(results, r) == 0;
         }
     if (!ok) {
         json_decref(results);
@@ -315,17 +344,22 @@ static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int
             nm_session *s = cs[mi].session;
             nm_session_reset(s);
             nm_session_reset_metrics(s);
-            const double t0 = now_s(), c0 = cpu_s();
+            cli_cost cost;
+            cost_start(&cost);
             st = nm_session_eval(s, ids, len, logits, false, err);
             volatile int32_t first = nm_argmax(logits, n_vocab);
             (void)first;
+            cost_stop(&cost);
             cell *c = at(b, li, mi);
-            c->ttft_ms[r] = (now_s() - t0) * 1e3;
-            c->cpu_ms[r] = (cpu_s() - c0) * 1e3;
+            c->ttft_ms[r] = cost.wall_s * 1e3;
+            c->cpu_ms[r] = cost.cpu_s * 1e3;
+            c->energy_j[r] = cost.joules;
+            snprintf(c->energy_why, sizeof c->energy_why, "%s", cost.energy_why);
             nm_session_get_metrics(s, &c->metrics);
             c->total = c->metrics.total;
+            c->device = c->metrics.device_total;
             c->graphs_compiled = c->metrics.device.graphs_compiled;
-            c->device_busy_ms = (double)c->metrics.device.busy_ns * 1e-6;
+            c->device_busy_ms = (double)c->device.busy_ns * 1e-6;
             const bool last = li + 1 == b->n_lengths && r + 1 == b->reps && step + 1 == b->n_modes;
             progress_update(line, last, "bench: prompt %d, %s, rep %d/%d: TTFT %.1f ms", len,
                             nm_mode_name(b->modes[mi]), r + 1, b->reps, c->ttft_ms[r]);

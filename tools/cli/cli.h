@@ -15,8 +15,25 @@
 int fail(const char *fmt, const char *a, const char *b);
 int fail_err(const nm_error *err);
 double now_s(void);
-/* User+sys CPU time of the whole process, seconds. */
+/* User+sys CPU time of the whole process (getrusage: the host pool, the
+ * device's threads and a CPU Vulkan driver's included), seconds. */
 double cpu_s(void);
+
+/* What a stretch of the command cost: wall time, the process's CPU time,
+ * and the CPU packages' energy where RAPL can be read (joules < 0: not
+ * available, energy_why says why; never an estimate). */
+typedef struct cli_cost {
+    double wall_s, cpu_s, joules;
+    nm_energy_sample energy0;
+    char energy_why[256];
+} cli_cost;
+void cost_start(cli_cost *u);
+void cost_stop(cli_cost *u);
+/* "<what> CPU: X ms (getrusage) in Y ms wall" and "energy: X J ..." or
+ * "energy: not available (why)". */
+void print_cost_text(FILE *f, const char *what, const cli_cost *u);
+/* {"wall_ms", "cpu_ms", "energy_j" (null when not available), "energy_note"} */
+json_t *cost_json(const cli_cost *u);
 /* The MoE metrics of a run: mode, dispatches, graphs, waste, drops, spills,
  * device busy time; JSON adds the per-layer breakdown (NULL when memory ran
  * out). */

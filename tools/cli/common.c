@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,11 +28,49 @@ double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Reads a whole file into a NUL-terminated buffer. */
 double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+void cost_start(cli_cost *u) {
+    memset(u, 0, sizeof *u);
+    nm_energy_read(NULL, &u->energy0);
+    u->cpu_s = cpu_s();
+    u->wall_s = now_s();
+}
+
+void cost_stop(cli_cost *u) {
+    u->wall_s = now_s() - u->wall_s;
+    u->cpu_s = cpu_s() - u->cpu_s;
+    nm_energy_sample e1;
+    nm_energy_read(NULL, &e1);
+    u->joules = nm_energy_joules(&u->energy0, &e1);
+    snprintf(u->energy_why, sizeof u->energy_why, "%s",
+             !u->energy0.available ? u->energy0.why
+             : !e1.available       ? e1.why
+             : u->joules < 0       ? "the RAPL zones changed during the run"
+                                   : "");
+}
+
+void print_cost_text(FILE *f, const char *what, const cli_cost *u) {
+    char label[64];
+    snprintf(label, sizeof label, "%s CPU:", what);
+    fprintf(f, "%-17s%.2f ms (user+sys of the process, getrusage) in %.2f ms wall\n", label,
+            u->cpu_s * 1e3, u->wall_s * 1e3);
+    if (u->joules >= 0)
+        fprintf(f, "energy:          %.3f J (RAPL, the CPU packages, whole machine)\n", u->joules);
+    else
+        fprintf(f, "energy:          not available (%s)\n", u->energy_why);
+}
+
+json_t *cost_json(const cli_cost *u) {
+    return json_pack("{s:o, s:o, s:o, s:s}", "wall_ms", json_fixed(u->wall_s * 1e3, 3), "cpu_ms",
+                     json_fixed(u->cpu_s * 1e3, 3), "energy_j",
+                     u->joules >= 0 ? json_fixed(u->joules, 6) : json_null(), "energy_note",
+                     u->joules >= 0 ? "RAPL, the CPU packages, whole machine" : u->energy_why);
 }
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
@@ -54,6 +93,34 @@ void print_metrics_text(FILE *f, const nm_session_metrics *m) {
                 100.0 * (t->weight > 0 ? t->dropped_weight / t->weight : 0.0));
     fprintf(f, "device busy:     %.2f ms; host waited %.2f ms; host experts %.2f ms\n",
             (double)m->device.busy_ns * 1e-6, (double)t->wait_ns * 1e-6, (double)t->host_ns * 1e-6);
+    if (!m->device_layers) return;
+    const nm_device_stats *d = &m->device_total;
+    fprintf(f,
+            "device work:     %llu dispatches (%llu dense parts), %llu syncs: %.2f and %.2f per "
+            "layer and chunk; busy %.2f ms (as the device times it)\n",
+            (unsigned long long)d->dispatches, (unsigned long long)d->dense_dispatches,
+            (unsigned long long)d->syncs, ratio(d->dispatches, t->chunks),
+            ratio(d->syncs, t->chunks), (double)d->busy_ns * 1e-6);
+    fprintf(f,
+            "device memory:   %llu bytes held by the graphs; %.3f MiB uploaded (weights at "
+            "compile, K/V)\n",
+            (unsigned long long)m->device.device_bytes, (double)m->device.upload_bytes / 1048576.0);
+    for (int32_t l = 0; l < m->n_layer; l++) {
+        const nm_device_stats *dl = &m->device_layers[l];
+        const uint64_t chunks = m->layers[l].chunks;
+        fprintf(f, "  layer %2d:      %.2f dispatches, %.2f syncs, %.3f ms busy per chunk\n", l,
+                ratio(dl->dispatches, chunks), ratio(dl->syncs, chunks),
+                chunks ? (double)dl->busy_ns * 1e-6 / (double)chunks : 0.0);
+    }
+}
+
+static json_t *device_json(const nm_device_stats *d, uint64_t chunks) {
+    return json_pack(
+        "{s:I, s:I, s:I, s:o, s:o, s:o, s:I}", "dispatches", (json_int_t)d->dispatches,
+        "dense_dispatches", (json_int_t)d->dense_dispatches, "syncs", (json_int_t)d->syncs,
+        "dispatches_per_chunk", json_fixed(ratio(d->dispatches, chunks), 3), "syncs_per_chunk",
+        json_fixed(ratio(d->syncs, chunks), 3), "busy_ms", json_fixed((double)d->busy_ns * 1e-6, 3),
+        "upload_bytes", (json_int_t)d->upload_bytes);
 }
 
 void print_overflow_prediction(FILE *f, const nm_plan *plan, const nm_moe_layer_metrics *t) {
@@ -89,16 +156,25 @@ static json_t *layer_json(const nm_moe_layer_metrics *l) {
 json_t *metrics_json(const nm_session_metrics *m) {
     json_t *layers = json_array();
     bool ok = layers != NULL;
-    for (int32_t l = 0; ok && l < m->n_layer; l++)
-        ok = json_array_append_new(layers, layer_json(&m->layers[l])) == 0;
+    for (int32_t l = 0; ok && l < m->n_layer; l++) {
+        json_t *lj = layer_json(&m->layers[l]);
+        /* per chunk of this layer: its dispatches, syncs and busy time */
+        if (lj && m->device_layers)
+            ok = json_object_set_new(lj, "device",
+                                     device_json(&m->device_layers[l], m->layers[l].chunks)) == 0;
+        ok = ok && json_array_append_new(layers, lj) == 0;
+    }
     if (!ok) {
         json_decref(layers);
         return NULL;
     }
-    return json_pack("{s:s, s:o, s:I, s:o, s:o}", "mode", nm_mode_name(m->mode), "device_busy_ms",
-                     json_fixed((double)m->device.busy_ns * 1e-6, 3), "graphs_compiled",
-                     (json_int_t)m->device.graphs_compiled, "total", layer_json(&m->total),
-                     "layers", layers);
+    json_t *dev = m->device_layers ? device_json(&m->device_total, m->total.chunks) : json_null();
+    if (dev && m->device_layers)
+        json_object_set_new(dev, "upload_bytes", json_integer((json_int_t)m->device.upload_bytes));
+    return json_pack("{s:s, s:o, s:I, s:o, s:o, s:o}", "mode", nm_mode_name(m->mode),
+                     "device_busy_ms", json_fixed((double)m->device.busy_ns * 1e-6, 3),
+                     "graphs_compiled", (json_int_t)m->device.graphs_compiled, "device", dev,
+                     "total", layer_json(&m->total), "layers", layers);
 }
 
 json_t *json_fixed(double v, int decimals) {
@@ -348,6 +424,7 @@ nm_status open_device(const cli_options *o, nm_device **out, nm_error *err) {
     nm_device_params dp = nm_device_default_params();
     if (o->device) dp.name = o->device;
     if (o->device_threads) dp.n_threads = o->device_threads;
+    dp.memory_budget_bytes = o->device_budget;
     return nm_device_open(&dp, out, err);
 }
 

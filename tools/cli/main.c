@@ -82,7 +82,7 @@ typedef struct run_result {
     size_t text_len, text_cap;
     const char *stop; /* "eos", "length" or "context" */
     double ttft_s, prefill_s, decode_s;
-    double prefill_cpu_s; /* user+sys of the process during the prefill */
+    cli_cost prefill;     /* wall, CPU (getrusage) and energy of the prefill */
     uint64_t seed;        /* the sampler's */
 } run_result;
 
@@ -122,12 +122,13 @@ static nm_status generate(nm_model *model, nm_session *s, nm_sampler *sampler, c
         }
     }
     r->stop = "length";
-    const double t0 = now_s(), cpu0 = cpu_s();
+    const double t0 = now_s();
+    cost_start(&r->prefill);
     nm_status st = name_ctx_option(
         nm_session_eval(s, ids, (int32_t)n_prompt, o->n_predict > 0 ? logits : NULL, false, err),
         err);
+    cost_stop(&r->prefill);
     r->prefill_s = now_s() - t0;
-    r->prefill_cpu_s = cpu_s() - cpu0;
     const double t_decode = now_s();
     for (int32_t i = 0; st == NM_OK && i < o->n_predict; i++) {
         int32_t next = nm_sampler_sample(sampler, logits);
@@ -223,7 +224,11 @@ static int cmd_run(nm_model *model, const cli_options *o) {
                 "peak_rss_mib", json_fixed(peak_mib, 1), "stop", r.stop, "seed",
                 (json_int_t)spp.seed, "text", json_text(r.text, r.text_len), "prompt_ids",
                 json_ids(ids, n), "generated_ids", json_ids(r.generated, r.n_generated),
-                "prefill_cpu_ms", json_fixed(r.prefill_cpu_s * 1e3, 3), "moe", metrics_json(&mt));
+                "prefill_cpu_ms", json_fixed(r.prefill.cpu_s * 1e3, 3), "moe", metrics_json(&mt));
+            if (doc && json_object_set_new(doc, "prefill", cost_json(&r.prefill)) != 0) {
+                json_decref(doc);
+                doc = NULL;
+            }
             rc = print_json(stdout, doc, JSON_COMPACT);
         } else {
             printf("\n");
@@ -236,8 +241,7 @@ static int cmd_run(nm_model *model, const cli_options *o) {
             fprintf(stderr, "prefill:         %.2f tokens/s\n", prefill_tps);
             fprintf(stderr, "decode:          %.2f tokens/s\n", decode_tps);
             fprintf(stderr, "peak memory:     %.1f MiB\n", peak_mib);
-            fprintf(stderr, "prefill CPU:     %.2f ms (user+sys of the process)\n",
-                    r.prefill_cpu_s * 1e3);
+            print_cost_text(stderr, "prefill", &r.prefill);
             print_metrics_text(stderr, &mt);
         }
     }

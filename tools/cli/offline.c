@@ -165,6 +165,12 @@ int cmd_profile(nm_model *model, const cli_options *o) {
                "+ %.4f ms per layer and chunk of %d\n",
                prof.device, prof.dispatch_ms, prof.host_expert_ms, prof.host_row_ms,
                prof.host_overhead_ms, prof.chunk);
+        if (prof.dense_device_ms > 0)
+            printf("dense part of a layer over a chunk of %d: device %.4f ms, host %.4f ms\n",
+                   prof.chunk, prof.dense_device_ms, prof.dense_host_ms);
+        else
+            printf("dense part of a layer: not measured (the device has no dense graph of this "
+                   "model's form)\n");
         /* the points are experts outer, capacities inner */
         int n_c = 0;
         while (n_c < prof.n_points && prof.points[n_c].n_experts == prof.points[0].n_experts)
@@ -217,6 +223,7 @@ int cmd_plan(nm_model *model, const cli_options *o) {
     if (o->overflow) st = nm_overflow_parse(o->overflow, &pp.overflow, &err);
     if (st == NM_OK && o->salience) st = nm_salience_parse(o->salience, &pp.salience, &err);
     pp.device_memory_bytes = o->device_memory;
+    if (st == NM_OK && o->dense) st = nm_dense_placement_parse(o->dense, &pp.dense, &err);
     nm_calib *calib = NULL;
     nm_profile prof;
     memset(&prof, 0, sizeof prof);

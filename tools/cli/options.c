@@ -107,6 +107,8 @@ static const option_def option_table[] = {
      "static-graph device: cpu (default), vulkan (the first), vulkan:N (npumoe devices)"},
     {"device-threads", 0, KIND_I32, F(device_threads), 1, 1024, STATIC | CMD_PROFILE | CMD_SERVE,
      "N", "worker threads of the cpu device (default 1)"},
+    {"device-budget", 0, KIND_U64, F(device_budget), 0, 0, STATIC | CMD_PROFILE | CMD_SERVE,
+     "BYTES", "vulkan: most device memory its graphs may hold (default: its largest heap)"},
     {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, STATIC | CMD_SERVE, "T",
      "prefill chunk: tokens per static step (default: the plan's, else 256)"},
     {"chunk", 0, KIND_I32, F(chunk), 1, 1 << 16, CMD_CALIBRATE | CMD_PROFILE, "T",
@@ -131,6 +133,9 @@ static const option_def option_table[] = {
      "what happens past an expert's capacity (default spill: exact)"},
     {"salience", 0, KIND_STR, F(salience), 0, 0, CMD_PLAN, "POLICY",
      "who keeps a slot on overflow: router, residual-norm, input-norm (default router)"},
+    {"dense", 0, KIND_STR, F(dense), 0, 0, CMD_PLAN, "profile|host|device",
+     "where npumoe mode runs each layer's attention and router (default profile: the cheaper "
+     "side as measured)"},
     {"device-memory", 0, KIND_U64, F(device_memory), 0, 0, CMD_PLAN, "BYTES",
      "device memory budget for resident experts (default unlimited; 0 = none)"},
     {"reps", 'r', KIND_I32, F(reps), 1, 1000, CMD_PROFILE | CMD_BENCH, "N",
@@ -218,12 +223,12 @@ static const struct {
     {"calibrate", CMD_CALIBRATE, "calibrate -m MODEL -f TEXT -o CALIB.json [--chunk T] [--ctx N]",
      "record every layer's per-expert load in every prefill chunk of a text"},
     {"profile", CMD_PROFILE, "profile -m MODEL [--device NAME] -o PROFILE.json [--reps N]",
-     "measure the device's dispatch+sync latency and grouped-graph times, and the host's cost "
-     "per expert row, with the model's expert shapes"},
+     "measure the device's dispatch+sync latency, grouped-graph times and a layer's dense "
+     "part, and the host's cost of the same, with the model's shapes"},
     {"plan", CMD_PLAN,
      "plan -m MODEL --calib CALIB --profile PROFILE [--rows N | --budget-ms MS] [--granule N] "
      "[--objective quantile --tiers LIST --quantile Q] [--overflow drop|spill] [--salience P] "
-     "[--device-memory BYTES] -o PLAN.json",
+     "[--dense profile|host|device] [--device-memory BYTES] -o PLAN.json",
      "static capacity tiers, grouped graphs and residency from a calibration and a profile"},
     {"bench", CMD_BENCH,
      "bench -m MODEL --plan PLAN [-f TEXT] [--modes LIST] [--lengths LIST] [-r N] [-o PREFIX]\n"

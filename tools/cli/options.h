@@ -48,12 +48,14 @@ typedef struct cli_options {
     const char *plan;
     const char *device;
     int32_t device_threads;
+    uint64_t device_budget; /* vulkan: bytes its graphs may hold, 0 = its largest heap */
     int32_t chunk;
     const char *calib;
     const char *profile;
     const char *tiers;
     float quantile;
     const char *objective; /* plan: budget or quantile */
+    const char *dense;     /* plan: profile, host or device */
     int32_t rows;          /* plan: rows per layer and chunk */
     float budget_ms;       /* plan: device ms per layer and chunk */
     int32_t granule;       /* plan: capacities are multiples of it */

@@ -76,10 +76,13 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
     nm_accuracy acc;
     progress_state ps = {.t0 = now_s(), .compare = compare};
     progress_start(&ps.line);
+    cli_cost cost; /* both sessions' whole scoring */
+    cost_start(&cost);
     if (st == NM_OK) {
         st = nm_score_text(ref_cs.session, cand_cs.session, ids, n, n_ctx,
                            info.add_bos ? info.bos_id : -1, print_progress, &ps, &acc, &err);
     }
+    cost_stop(&cost);
     int rc = 0;
     if (st != NM_OK) {
         rc = fail_err(&err);
@@ -112,8 +115,8 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
                                           json_fixed(pi.predicted_drop_rate, 6),
                                           "predicted_drop_weight",
                                           json_fixed(pi.predicted_drop_weight, 6)));
-            doc = with(doc, json_pack("{s:o, s:o}", "seconds", json_fixed(seconds, 3), "moe",
-                                      metrics_json(&mt)));
+            doc = with(doc, json_pack("{s:o, s:o, s:o}", "seconds", json_fixed(seconds, 3), "moe",
+                                      metrics_json(&mt), "cost", cost_json(&cost)));
             rc = print_json(stdout, doc, JSON_COMPACT);
         } else if (compare) {
             printf("reference perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
@@ -126,6 +129,7 @@ int cmd_score(nm_model *model, const cli_options *o, bool compare) {
         } else {
             printf("perplexity: %.4f +/- %.5f\n", ppl, ppl_err);
         }
+        if (!o->json) print_cost_text(stderr, "scoring", &cost);
         if (!o->json) print_metrics_text(stderr, &mt);
         /* npumoe mode: the host groups keep everything, so the plan's
          * capacities, and what it predicts, apply only in tiers and grouped */

@@ -338,6 +338,7 @@ static void cpu_submit(nm_graph *g) {
 static void cpu_wait(nm_graph *g) {
     cpu_device *d = g->dev;
     pthread_mutex_lock(&d->mutex);
+    if (g->pending) d->stats.syncs++;
     while (g->pending && !g->finished)
         pthread_cond_wait(&d->done, &d->mutex);
     g->pending = false;

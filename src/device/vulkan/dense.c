@@ -6,8 +6,10 @@
  * device memory (F32/F16/BF16/Q8_0/Q4_K read as they are, other types
  * converted to F32), the activations live in one host-visible buffer (the
  * launch's position in its first word), the K/V in device memory; FP32
- * accumulation throughout. Not implemented (dense_features says so): an F16
- * cache and llama.cpp's F16 rounding of matmul inputs. */
+ * accumulation throughout; with an F16 cache the K/V are rounded to IEEE
+ * half (nearest, ties to even, as the host) as they are stored, and kept as
+ * F32 holding those halves. Not implemented (dense_features says so):
+ * llama.cpp's F16 rounding of matmul inputs. */
 #include "vk-impl.h"
 
 #include "base/base.h"
@@ -32,6 +34,8 @@ struct vk_dense {
     vk_device *d;
     int32_t layer, rows, n_pos, n_head, n_head_kv, head_dim, n_expert;
     int64_t d_model, q_dim, kv_dim;
+    bool kv_f16; /* the host's side of kv_read/kv_write is IEEE half (the graph's, F32
+                    holding values rounded to half) */
     vk_mat mats[N_MATS];
     /* float indices in the weights buffer, or NONE */
     int64_t attn_norm, attn_norm_b, bq, bk, bv, bo, q_norm, k_norm, ffn_norm, ffn_norm_b, factors;
@@ -247,8 +251,8 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
         matmul(g, cb, p_mm[MAT_K], MAT_K, g->kv_dim, g->d_model, g->o_a, g->o_k);
         matmul(g, cb, p_mm[MAT_V], MAT_V, g->kv_dim, g->d_model, g->o_a, g->o_v);
         nm_vk_barrier(d, cb, cs, rd);
-        const uint32_t mode =
-            (s->rope == NM_DENSE_ROPE_NEOX ? 1u : 0u) | ((uint32_t)s->qk_norm << 1);
+        const uint32_t mode = (s->rope == NM_DENSE_ROPE_NEOX ? 1u : 0u) |
+                              ((uint32_t)s->qk_norm << 1) | (s->kv_type == NM_KV_F16 ? 8u : 0u);
         const uint32_t qk[20] = {g->o_q,
                                  g->o_k,
                                  g->o_v,
@@ -328,6 +332,7 @@ nm_status nm_vk_dense_new(vk_device *d, const nm_dense_spec *s, vk_dense **out, 
     g->d_model = s->d_model;
     g->q_dim = (int64_t)s->n_head * s->head_dim;
     g->kv_dim = (int64_t)s->n_head_kv * s->head_dim;
+    g->kv_f16 = s->kv_type == NM_KV_F16;
     const VkDeviceSize w_bytes = layout_weights(g, s);
     /* the activation buffer, in floats: position, then the chunk's tensors */
     const int64_t rows = s->rows, dm = g->d_model, qd = g->q_dim, kvd = g->kv_dim;
@@ -462,6 +467,7 @@ static void kv_download(vk_dense *g, int32_t pos0, int32_t n, void *k, void *v) 
             r = d->fn.vkEndCommandBuffer(cb);
         }
         if (r == VK_SUCCESS && !d->lost) r = d->fn.vkQueueSubmit(d->queue, 1, &si, fence);
+        if (r == VK_SUCCESS) d->stats.syncs++; /* the wait below */
         pthread_mutex_unlock(&d->mutex);
         if (r == VK_SUCCESS) r = d->fn.vkWaitForFences(d->dev, 1, &fence, VK_TRUE, UINT64_MAX);
         ok = r == VK_SUCCESS;
@@ -479,11 +485,19 @@ static void kv_download(vk_dense *g, int32_t pos0, int32_t n, void *k, void *v) 
     pthread_mutex_unlock(&d->mutex);
     nm_vk_command_buffer_free(d, cb, fence, VK_NULL_HANDLE);
     if (ok) {
-        memcpy(k, staging.map, (size_t)bytes);
-        memcpy(v, (const char *)staging.map + bytes, (size_t)bytes);
+        const float *sk = staging.map, *sv = (const float *)staging.map + bytes / 4;
+        if (g->kv_f16) /* exact: the shader stored halves */
+            for (size_t i = 0; i < (size_t)bytes / 4; i++) {
+                ((uint16_t *)k)[i] = nm_f32_to_f16(sk[i]);
+                ((uint16_t *)v)[i] = nm_f32_to_f16(sv[i]);
+            }
+        else {
+            memcpy(k, sk, (size_t)bytes);
+            memcpy(v, sv, (size_t)bytes);
+        }
     } else {
-        memset(k, 0, (size_t)bytes);
-        memset(v, 0, (size_t)bytes);
+        memset(k, 0, (size_t)bytes / (g->kv_f16 ? 2 : 1));
+        memset(v, 0, (size_t)bytes / (g->kv_f16 ? 2 : 1));
     }
     nm_vk_buffer_free(d, &staging);
 }
@@ -500,14 +514,29 @@ void nm_vk_dense_kv(vk_dense *g, int32_t pos0, int32_t n, void *k, void *v, bool
     const VkDeviceSize at = (VkDeviceSize)pos0 * (VkDeviceSize)g->kv_dim * 4;
     const VkDeviceSize v_at = (VkDeviceSize)g->n_pos * (VkDeviceSize)g->kv_dim * 4;
     nm_error err = {0};
+    /* an F16 cache's halves widened to the graph's F32 (exactly) */
+    float *wide = g->kv_f16 ? nm_malloc(2 * (size_t)bytes) : NULL;
+    nm_status st = g->kv_f16 && !wide
+                       ? nm_errorf(&err, NM_ERR_NOMEM, "%s: out of memory widening K/V", d->label)
+                       : NM_OK;
+    const void *src_k = k, *src_v = v;
+    if (wide) {
+        for (size_t i = 0; i < (size_t)bytes / 4; i++) {
+            wide[i] = nm_f16_to_f32(((const uint16_t *)k)[i]);
+            wide[(size_t)bytes / 4 + i] = nm_f16_to_f32(((const uint16_t *)v)[i]);
+        }
+        src_k = wide;
+        src_v = wide + (size_t)bytes / 4;
+    }
     vk_uploader u;
-    nm_status st = nm_vk_uploader_begin(d, &g->kv, &u, &err);
+    if (st == NM_OK) st = nm_vk_uploader_begin(d, &g->kv, &u, &err);
     if (st == NM_OK) {
-        st = nm_vk_upload(d, &u, at, k, bytes, &err);
-        if (st == NM_OK) st = nm_vk_upload(d, &u, v_at + at, v, bytes, &err);
+        st = nm_vk_upload(d, &u, at, src_k, bytes, &err);
+        if (st == NM_OK) st = nm_vk_upload(d, &u, v_at + at, src_v, bytes, &err);
         const nm_status st2 = nm_vk_uploader_end(d, &u, st == NM_OK, &err);
         if (st == NM_OK) st = st2;
     }
+    nm_free(wide);
     if (st) {
         pthread_mutex_lock(&d->mutex);
         if (!d->lost) {

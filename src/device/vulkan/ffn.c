@@ -449,6 +449,7 @@ void nm_vk_wait_fence(vk_device *d, VkFence fence, VkQueryPool queries, int64_t 
         r = d->fn.vkGetQueryPoolResults(d->dev, queries, 0, 2, sizeof ts, ts, sizeof ts[0],
                                         VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
     pthread_mutex_lock(&d->mutex);
+    d->stats.syncs++;
     if (r == VK_SUCCESS) /* without timestamps, submit to the fence seen signalled */
         d->stats.busy_ns +=
             queries ? (int64_t)((double)(ts[1] - ts[0]) * d->timestamp_period) : t_done - submit_ns;

@@ -422,6 +422,7 @@ static VkResult upload_flush(vk_device *d, vk_uploader *u) {
                                  .pCommandBuffers = &u->cb};
         pthread_mutex_lock(&d->mutex);
         r = d->fn.vkQueueSubmit(d->queue, 1, &si, u->fence);
+        if (r == VK_SUCCESS) d->stats.syncs++;
         pthread_mutex_unlock(&d->mutex);
     }
     if (r == VK_SUCCESS) r = d->fn.vkWaitForFences(d->dev, 1, &u->fence, VK_TRUE, UINT64_MAX);
@@ -583,8 +584,7 @@ static const nm_device_ops vk_ops = {
     .free = vk_free,
     .check = vk_check,
     /* every form but an F16 cache and llama.cpp's F16 rounding (dense.c) */
-    .dense_features =
-        ((1u << NM_DENSE_F_COUNT) - 1) & ~(uint32_t)(NM_DENSE_F_KV_F16 | NM_DENSE_F_ROUND_F16),
+    .dense_features = ((1u << NM_DENSE_F_COUNT) - 1) & ~(uint32_t)NM_DENSE_F_ROUND_F16,
     .compile_dense = nm_vk_dense_compile,
     .submit_dense = nm_vk_dense_submit,
     .dense_outputs = nm_vk_dense_outputs,

@@ -13,7 +13,8 @@ layout(push_constant) uniform P {
     uint bq, bk, bv;    // weights indices of the biases, or NONE
     uint qn, kn;        // weights indices of the q/k norms, or NONE
     uint n_head, n_head_kv, head_dim, n_rot;
-    uint mode;          // bit 0: NeoX pairing; bits 1-2: q/k norm 0 none, 1 head, 2 whole
+    uint mode;          // bit 0: NeoX pairing; bits 1-2: q/k norm 0 none, 1 head, 2 whole;
+                        // bit 3: K/V rounded to IEEE half (an F16 cache)
     float freq_base, attn_factor;
     uint factors;       // weights index of the frequency divisors, or NONE
     float eps;
@@ -50,6 +51,30 @@ void rope(uint at, uint n_head, uint pos) {
     }
 }
 
+// The half of magnitude bits m with sign bits s (bit 15), as a float.
+float half_at(uint m, uint s) { return unpackHalf2x16(m | s).x; }
+
+// x rounded to the nearest IEEE half, ties to even, as the host rounds its
+// F16 cache (nm_f32_to_f16): packHalf2x16's rounding is the
+// implementation's, so its answer and its two neighbours are weighed.
+float round_half(float x) {
+    const uint h = packHalf2x16(vec2(x, 0.0)) & 0xffffu;
+    const uint s = h & 0x8000u, m = h & 0x7fffu;
+    if (m >= 0x7c00u) return unpackHalf2x16(h).x; // infinity, NaN
+    uint best = m;
+    float bd = abs(x - half_at(m, s));
+    for (int j = 0; j < 2; j++) {
+        const uint c = j == 0 ? m - 1u : m + 1u;
+        if ((j == 0 && m == 0u) || (j == 1 && c >= 0x7c00u)) continue;
+        const float dc = abs(x - half_at(c, s));
+        if (dc < bd || (dc == bd && (c & 1u) == 0u)) {
+            best = c;
+            bd = dc;
+        }
+    }
+    return half_at(best, s);
+}
+
 void main() {
     const uint t = gl_GlobalInvocationID.x;
     if (t >= pc.rows) return;
@@ -74,8 +99,9 @@ void main() {
     }
     rope(q, pc.n_head, pos);
     rope(k, pc.n_head_kv, pos);
+    const bool f16 = (pc.mode & 8u) != 0u;
     for (uint i = 0; i < kvd; i++) {
-        kv[pos * kvd + i] = a[k + i];
-        kv[(pc.n_pos + pos) * kvd + i] = a[v + i];
+        kv[pos * kvd + i] = f16 ? round_half(a[k + i]) : a[k + i];
+        kv[(pc.n_pos + pos) * kvd + i] = f16 ? round_half(a[v + i]) : a[v + i];
     }
 }
