@@ -189,6 +189,8 @@ const char *nm_kernels_why(void) {
     return why;
 }
 
+int32_t nm_kernels_row_granule(void) { return nm_kernels_active() == NM_KERNELS_AMX ? 16 : 1; }
+
 bool nm_kernels_force(nm_kernels_isa isa) {
     if (!nm_kernels_isa_supported(isa)) return false;
     atomic_store(&active_isa, (int)isa);

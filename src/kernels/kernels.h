@@ -84,6 +84,12 @@ const char *nm_kernels_why(void);
 bool nm_kernels_amx_hardware(void);
 /* Whether this build emulates the tile instructions (-DNM_AMX_EMULATE=ON). */
 bool nm_kernels_amx_emulated(void);
+/* The row granule of the variant in use: the rows its matmuls compute at
+ * once, so a product over a multiple of it wastes nothing (a static graph's
+ * capacities are best rounded up to it). 16 under amx (a tile holds 16
+ * activation rows; fewer cost the same, docs/PERFORMANCE.md), else 1 (the
+ * vector variants' time per row measured no lower at any row count). */
+int32_t nm_kernels_row_granule(void);
 /* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
  * "exact" (which is then forced); false otherwise, with the value in *bad. */
 bool nm_kernels_check_env(const char **bad);

@@ -162,9 +162,9 @@ int cmd_profile(nm_model *model, const cli_options *o) {
         rc = fail_err(&err);
     } else {
         printf("device %s: dispatch+sync %.4f ms; host %.4f ms per expert + %.5f ms per row "
-               "+ %.4f ms per layer and chunk of %d\n",
+               "+ %.4f ms per layer and chunk of %d; row granule %d\n",
                prof.device, prof.dispatch_ms, prof.host_expert_ms, prof.host_row_ms,
-               prof.host_overhead_ms, prof.chunk);
+               prof.host_overhead_ms, prof.chunk, (int)prof.granule);
         /* the points are experts outer, capacities inner */
         int n_c = 0;
         while (n_c < prof.n_points && prof.points[n_c].n_experts == prof.points[0].n_experts)
