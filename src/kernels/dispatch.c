@@ -262,6 +262,32 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
     }
 }
 
+void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                              int64_t m, float *h, int64_t ldh, float *u, int64_t ldu, int64_t j0,
+                              int64_t j1) {
+    /* the fused versions where nm_matmul_forward would run their variant
+     * for both matrices; otherwise two of its calls */
+    nm_kernels_isa isa = nm_kernels_active();
+    if (wg->layout == NM_LAYOUT_PANEL16 && isa != NM_KERNELS_AMX) isa = NM_KERNELS_AVX512VNNI;
+    if (wg->layout == wu->layout) switch (isa) {
+#if defined(__x86_64__)
+        case NM_KERNELS_AMX:
+#if defined(NM_AMX_EMULATE)
+            nm_matmul_swiglu_amx_emu_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+#else
+            nm_matmul_swiglu_amx_hw_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+#endif
+            return;
+        case NM_KERNELS_AVX512VNNI:
+            nm_matmul_swiglu_avx512vnni_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+            return;
+#endif
+        default:
+            break;
+        }
+    nm_matmul_swiglu_by(nm_matmul_forward, wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+}
+
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
                           int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv, int head_dim,
                           float scale, float *out, float *scores) {

@@ -170,6 +170,19 @@ void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                        int64_t ldy, int64_t j0, int64_t j1);
 
+/* The first half of a SwiGLU FFN over m rows: h[i][j] = silu(g) * u with
+ * g = x Wg^T and u = x Wu^T, for i < m and j in [j0, j1). The bits of
+ * nm_matmul_forward of wg into h and of wu into u, then nm_swiglu_forward
+ * of each row's [j0, j1); where the variant can (avx512vnni and amx, for
+ * the types they quantise or tile, with gate and up of one type, shape
+ * and layout), the activations are quantised or rounded once for both
+ * and each group of columns gets its SwiGLU while it is in the cache.
+ * x: [m][K] (row stride ldx); h: [m][...] (ldh); u: scratch [m][...]
+ * (ldu), holding x Wu^T on return. */
+void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                              int64_t m, float *h, int64_t ldh, float *u, int64_t ldu, int64_t j0,
+                              int64_t j1);
+
 /* nm_matmul_forward of every row and column over the pool: y[m][N] =
  * x[m][K] W^T, output columns split into tiles of a multiple of 16 (which
  * the quantised kernels compute at once). The same bits as one call. */
