@@ -5,7 +5,9 @@
  * and 128 distinct expert-sized ones one after another). Reports GFLOP/s and weight GB/s
  * against this machine's measured peaks.
  * Usage: nm_bench_kernels [REPS [TYPE [VARIANT [MxNxK]]]] (TYPE, VARIANT:
- * only those, "all" for every one; MxNxK: that one shape instead). */
+ * only those, "all" for every one; MxNxK: that one shape instead), or
+ * nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK: gate and up as two
+ * matmuls against the fused nm_matmul_swiglu_forward (bench_swiglu). */
 #include "kernels/kernels-impl.h"
 #include "peaks.h"
 #include "tensor/tensor.h"
@@ -183,8 +185,72 @@ static int run_test(const char *variant, const bench_test *bt, const nm_mat *w, 
     return bad != 0;
 }
 
+/* nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK: gate and up (N x K
+ * each, in the variant's own layout where it has one) over m rows, then
+ * SwiGLU, as two matmuls (nm_matmul_swiglu_by) and as the fused
+ * nm_matmul_swiglu_forward, alternated rep by rep; checks the same bits;
+ * prints the medians of the thread's CPU ms and their ratio. */
+static int bench_swiglu(int reps, const char *type_name, const char *isa_name, const char *shape) {
+    long long m, n, k;
+    nm_kernels_isa isa;
+    uint32_t type = NM_DTYPE_COUNT;
+    for (uint32_t t = 0; t < NM_DTYPE_COUNT; t++)
+        if (nm_dtype_is_supported(t) && strcmp(nm_dtype_name(t), type_name) == 0) type = t;
+    if (type == NM_DTYPE_COUNT || !nm_kernels_isa_parse(isa_name, &isa) || !nm_kernels_force(isa) ||
+        sscanf(shape, "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 256 ||
+        k % 256 != 0 || reps < 1) {
+        fprintf(stderr, "usage: nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK (K %% 256 == 0)\n");
+        return 2;
+    }
+    size_t rb;
+    uint8_t *wd = make_weights(type, 2 * n, k, &rb);
+    nm_mat wg = {.data = wd, .type = type, .n = n, .k = k, .row_bytes = rb}, wu = wg;
+    wu.data = wd + (size_t)n * rb;
+    uint8_t *pd = NULL;
+    if (nm_mat_repack_wanted(&wg)) {
+        pd = malloc(2 * (size_t)n * rb);
+        wg = nm_mat_repack(&wg, pd);
+        wu = nm_mat_repack(&wu, pd + (size_t)n * rb);
+    }
+    float *x = malloc((size_t)(m * k) * sizeof(float));
+    float *h1 = malloc((size_t)(m * n) * sizeof(float)),
+          *h2 = malloc((size_t)(m * n) * sizeof(float));
+    float *u = malloc((size_t)(m * n) * sizeof(float));
+    double *t1 = malloc((size_t)reps * sizeof(double)), *t2 = malloc((size_t)reps * sizeof(double));
+    for (long long i = 0; i < m * k; i++)
+        x[i] = frand();
+    for (int r = -1; r < reps; r++) { /* one untimed round first */
+        double t0 = cpu_now();
+        nm_matmul_swiglu_by(nm_matmul_forward, &wg, &wu, x, k, m, h1, n, u, n, 0, n);
+        const double a = cpu_now() - t0;
+        t0 = cpu_now();
+        nm_matmul_swiglu_forward(&wg, &wu, x, k, m, h2, n, u, n, 0, n);
+        const double b = cpu_now() - t0;
+        if (r >= 0) t1[r] = a * 1e3, t2[r] = b * 1e3;
+    }
+    const int same = memcmp(h1, h2, (size_t)(m * n) * sizeof(float)) == 0;
+    qsort(t1, (size_t)reps, sizeof *t1, cmp_double);
+    qsort(t2, (size_t)reps, sizeof *t2, cmp_double);
+    printf(
+        "| %s | %s%s | %lld x %lld x %lld | two matmuls %.3f ms | fused %.3f ms | %.2fx | %s |\n",
+        isa_name, type_name, pd ? " (repacked)" : "", m, n, k, t1[reps / 2], t2[reps / 2],
+        t1[reps / 2] / t2[reps / 2], same ? "same bits" : "BITS DIFFER");
+    free(wd);
+    free(pd);
+    free(x);
+    free(h1);
+    free(h2);
+    free(u);
+    free(t1);
+    free(t2);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (argc > 2 && strcmp(argv[2], "swiglu") == 0)
+        return bench_swiglu(reps, argc > 3 ? argv[3] : "", argc > 4 ? argv[4] : "",
+                            argc > 5 ? argv[5] : "");
     if (reps < 1 || reps > 1000) {
         fprintf(stderr, "usage: nm_bench_kernels [REPS in 1..1000 [TYPE [VARIANT [MxNxK]]]]\n");
         return 2;

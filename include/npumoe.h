@@ -404,6 +404,9 @@ typedef struct nm_device_info {
     uint64_t memory_bytes; /* largest device-local heap; host memory for cpu */
     bool float16;          /* shaders can compute in float16               */
     bool int8;             /* shaders can compute in int8                  */
+    /* rows its graphs compute at once (a capacity is best a multiple of it;
+     * the planner's default granule): cpu 16 under the amx kernels, else 1 */
+    int32_t row_granule;
 } nm_device_info;
 
 /* Lists every device that can be opened: cpu first, then each Vulkan
@@ -580,6 +583,9 @@ typedef struct nm_profile {
      * are (on the device when one of its groups is). */
     double dense_device_ms;
     double dense_host_ms;
+    /* the device's row granule (nm_device_info.row_granule) when measured;
+     * 0 in a profile written before profiles recorded it */
+    int32_t granule;
     int32_t n_points;
     nm_profile_point *points; /* [n_points], experts outer, capacity inner */
 } nm_profile;
@@ -664,7 +670,12 @@ typedef struct nm_plan_params {
      * the profile's per-row cost */
     double budget_ms;
     /* budget: capacities are multiples of it; a divisor of the chunk giving
-     * at most 32 tiers; 0 = the smallest divisor >= chunk/16 */
+     * at most 32 tiers; 0 = the profile's granule (the device's rows at
+     * once: 16 for cpu under amx) or the smallest multiple of it dividing
+     * the chunk in at most 32 tiers; when the profile has none or 1, or no
+     * multiple divides the chunk, the smallest divisor >= chunk/16. The
+     * quantile objective's default tiers are rounded up to the profile's
+     * granule too */
     int32_t granule;
     nm_overflow overflow; /* default spill */
     nm_salience salience; /* default residual-norm */
@@ -825,6 +836,9 @@ nm_status nm_kernels_check_environment(nm_error *err);
 /* The kernel variant in use ("avx512vnni") and why it was chosen. */
 const char *nm_kernels_variant(void);
 const char *nm_kernels_variant_why(void);
+/* The rows the variant in use computes at once (16 for amx, whose tiles
+ * hold 16 rows; else 1): the cpu device's row granule. */
+int32_t nm_kernels_variant_row_granule(void);
 
 /* ---- output files ------------------------------------------------------------- */
 

@@ -586,8 +586,34 @@ static void check_creation(void) {
     CHECK(n_failures >= 2);
 }
 
+/* The cpu device's row granule is its kernels': 16 under amx (a tile's
+ * rows), 1 under every other variant; nm_device_list says the same. */
+static void check_row_granule(void) {
+    const nm_kernels_isa was = nm_kernels_active();
+    for (int i = 0; i < NM_KERNELS_COUNT; i++) {
+        const nm_kernels_isa isa = (nm_kernels_isa)i;
+        if (!nm_kernels_force(isa)) continue;
+        const int32_t want = isa == NM_KERNELS_AMX ? 16 : 1;
+        nm_device *dev = NULL;
+        nm_error err = {0};
+        CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
+                     NM_OK);
+        if (dev) CHECK_INT_EQ(nm_device_row_granule(dev), want);
+        nm_device_close(dev);
+        nm_device_info *list = NULL;
+        int n = 0;
+        CHECK_INT_EQ(nm_device_list(&list, &n, NULL, 0, &err), NM_OK);
+        if (list && n >= 1) CHECK_INT_EQ(list[0].row_granule, want);
+        for (int d = 1; list && d < n; d++) /* devices without a preference */
+            CHECK_INT_EQ(list[d].row_granule, 1);
+        nm_free(list);
+    }
+    CHECK(nm_kernels_force(was));
+}
+
 int main(void) {
     check_creation();
+    check_row_granule();
 
     nm_model *model = NULL;
     nm_error err = {0};

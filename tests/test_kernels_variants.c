@@ -243,6 +243,89 @@ static void check_amx(const nm_mat *mat, const float *x, int64_t m, const float 
     free(yv);
 }
 
+/* nm_matmul_swiglu_forward (gate mat, up a second matrix of its type and
+ * shape) against its contract: the bits of the variant's two matmuls and
+ * nm_swiglu_forward, on the whole column range and on ranges cut inside
+ * groups of 16; for amx also its other build's entry point; and against
+ * the reference (reference matmuls, then SwiGLU in double): with eg, eu the
+ * matmuls' own errors (checked above), |h - h_ref| <= 1.1 eg |u_ref| +
+ * (|g_ref| + eg) eu + 2^-21 (|h_ref| + |u_ref| |g_ref|) (silu' is at most
+ * 1.1; expf and the products round). y: the variant's gate output. */
+static void check_swiglu(nm_kernels_isa isa, const nm_mat *mat, const float *x, int64_t m,
+                         const float *y) {
+    const int64_t n = mat->n, k = mat->k;
+    size_t rb = 0;
+    float *wf = malloc((size_t)(n * k) * sizeof(float));
+    uint8_t *w2 = make_weights(mat->type, n, k, wf, &rb);
+    nm_mat up = *mat;
+    up.data = w2;
+    const size_t bytes = (size_t)(m * n) * sizeof(float);
+    float *u = malloc(bytes), *want = malloc(bytes), *h = malloc(bytes), *hu = malloc(bytes);
+    float *gr = malloc(bytes), *ur = malloc(bytes);
+    nm_matmul_forward(&up, x, k, m, u, n, 0, n);
+    nm_swiglu_forward(y, u, want, m * n);
+    memset(h, 0, bytes);
+    nm_matmul_swiglu_forward(mat, &up, x, k, m, h, n, hu, n, 0, n);
+    CHECK(memcmp(h, want, bytes) == 0);
+    CHECK(memcmp(hu, u, bytes) == 0);
+    /* column ranges cut at 5 and 21, one call each */
+    memset(h, 0, bytes);
+    const int64_t cuts[] = {0, 5 < n ? 5 : n, 21 < n ? 21 : n, n};
+    for (int c = 0; c < 3; c++)
+        if (cuts[c] < cuts[c + 1])
+            nm_matmul_swiglu_forward(mat, &up, x, k, m, h, n, hu, n, cuts[c], cuts[c + 1]);
+    CHECK(memcmp(h, want, bytes) == 0);
+    if (nm_mat_repack_wanted(mat)) { /* both in the variant's own layout: the same bits */
+        uint8_t *pg = malloc((size_t)n * mat->row_bytes), *pu = malloc((size_t)n * mat->row_bytes);
+        const nm_mat kg = nm_mat_repack(mat, pg), ku = nm_mat_repack(&up, pu);
+        memset(h, 0, bytes);
+        nm_matmul_swiglu_forward(&kg, &ku, x, k, m, h, n, hu, n, 0, n);
+        CHECK(memcmp(h, want, bytes) == 0);
+        /* one of them repacked: two matmuls, the same bits too */
+        memset(h, 0, bytes);
+        nm_matmul_swiglu_forward(&kg, &up, x, k, m, h, n, hu, n, 0, n);
+        CHECK(memcmp(h, want, bytes) == 0);
+        free(pg);
+        free(pu);
+    }
+#if defined(__x86_64__)
+    if (isa == NM_KERNELS_AMX) { /* the emulated tiles give the same bits as the build in use */
+        memset(h, 0, bytes);
+        nm_matmul_swiglu_amx_emu_forward(mat, &up, x, k, m, h, n, hu, n, 0, n);
+        if (nm_kernels_amx_emulated() || mat->type != NM_DTYPE_BF16)
+            CHECK(memcmp(h, want, bytes) == 0);
+        if (nm_kernels_amx_hardware() && mat->type != NM_DTYPE_BF16) {
+            memset(h, 0, bytes);
+            nm_matmul_swiglu_amx_hw_forward(mat, &up, x, k, m, h, n, hu, n, 0, n);
+            CHECK(memcmp(h, want, bytes) == 0);
+        }
+    }
+#endif
+    nm_matmul_ref_forward(mat, x, k, m, gr, n, 0, n);
+    nm_matmul_ref_forward(&up, x, k, m, ur, n, 0, n);
+    int bad = 0;
+    for (int64_t i = 0; i < m * n; i++) {
+        const double g = gr[i], uu = ur[i], hr = g / (1.0 + exp(-g)) * uu;
+        const double eg = fabs((double)y[i] - g), eu = fabs((double)u[i] - uu);
+        const double tol = 1.1 * eg * fabs(uu) + (fabs(g) + 1.1 * eg) * eu +
+                           0x1.0p-21 * (fabs(hr) + fabs(uu * g)) + 1e-30;
+        if (!(fabs((double)want[i] - hr) <= tol)) bad++;
+    }
+    if (bad)
+        fprintf(stderr, "%s matmul_swiglu %s m=%lld n=%lld k=%lld: %d outside\n",
+                nm_kernels_isa_name(isa), nm_dtype_name(mat->type), (long long)m, (long long)n,
+                (long long)k, bad);
+    CHECK_INT_EQ(bad, 0);
+    free(w2);
+    free(wf);
+    free(u);
+    free(want);
+    free(h);
+    free(hu);
+    free(gr);
+    free(ur);
+}
+
 static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n, int64_t k) {
     size_t rb = 0;
     float *wf = malloc((size_t)(n * k) * sizeof(float));
@@ -303,6 +386,7 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     CHECK(memcmp(yf, y, (size_t)(mf * n) * sizeof(float)) == 0);
     free(yf);
     if (nm_mat_repack_wanted(&mat)) check_repacked(&mat, x, m, y);
+    check_swiglu(isa, &mat, x, m, y);
 #if defined(__x86_64__)
     if (isa == NM_KERNELS_AMX && (type == NM_DTYPE_BF16 || nm_matmul_avx512vnni_quantises(type)))
         check_amx(&mat, x, m, y);

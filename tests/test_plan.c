@@ -514,7 +514,18 @@ static void test_profile_files(void) {
         CHECK_INT_EQ(r.points[i].capacity, p.points[i].capacity);
         CHECK(r.points[i].graph_ms == p.points[i].graph_ms);
     }
+    CHECK_INT_EQ(r.granule, 0); /* not recorded: not written, 0 when read */
     nm_profile_free(&r);
+    /* the device's row granule comes back; a file without one reads as 0 */
+    p.granule = 16;
+    CHECK_INT_EQ(nm_profile_save(&p, TMP("g.profile.json"), &err), NM_OK);
+    CHECK_INT_EQ(nm_profile_load(TMP("g.profile.json"), &r, &err), NM_OK);
+    CHECK_INT_EQ(r.granule, 16);
+    nm_profile_free(&r);
+    p.granule = -1;
+    CHECK_INT_EQ(nm_profile_save(&p, TMP("bad.profile.json"), &err), NM_ERR_FORMAT);
+    CHECK_MSG(err, "granule -1 is not in [1,");
+    p.granule = 0;
     /* an invalid profile is not saved */
     grid_points[3] = grid_points[2];
     CHECK_INT_EQ(nm_profile_save(&p, TMP("bad.profile.json"), &err), NM_ERR_FORMAT);
@@ -1007,6 +1018,56 @@ static double plan_loss(const nm_plan *p, const nm_calib *c, int l, bool by_weig
         }
     }
     return total;
+}
+
+/* The device's row granule (the profile's) as the planner's default: the
+ * budget's granule a multiple of it dividing the chunk, the quantile
+ * objective's default tiers rounded up to it; without one (0, 1, or one
+ * no multiple of which divides the chunk), today's default. */
+static void test_planner_granule(const nm_model *m, const nm_calib *c) {
+    nm_profile prof = make_profile(0.06, 0.0004);
+    const struct {
+        int32_t device, budget_g, n_quantile_tiers;
+        int32_t quantile_tiers[5];
+    } cases[] = {
+        {16, 16, 1, {16}},           /* the cpu device under amx */
+        {4, 4, 3, {4, 8, 16}},       /* 1 2 4 8 16 rounded up to 4 */
+        {8, 8, 2, {8, 16}},          /* 1 2 4 8 16 rounded up to 8 */
+        {0, 1, 5, {1, 2, 4, 8, 16}}, /* a profile without it */
+        {1, 1, 5, {1, 2, 4, 8, 16}}, /* no preference */
+        {3, 1, 4, {3, 6, 9, 16}},    /* 3 divides no multiple of 16 below it */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        prof.granule = cases[i].device;
+        nm_plan *p = make_plan(m, c, &prof, NULL);
+        if (p) {
+            CHECK_INT_EQ(p->granule, cases[i].budget_g);
+            CHECK_INT_EQ(p->n_tiers, T / cases[i].budget_g);
+            for (int l = 0; l < N_LAYER; l++)
+                for (int g = 0; g < p->moe.layers[l].n_groups; g++) {
+                    const int32_t cap = p->moe.layers[l].groups[g].capacity;
+                    CHECK_INT_EQ(cap % cases[i].budget_g, 0);
+                    if (cases[i].device > 1 && T % cases[i].device == 0)
+                        CHECK_INT_EQ(cap % cases[i].device, 0);
+                }
+        }
+        nm_plan_free(p);
+        /* an explicit granule wins */
+        nm_plan_params bp = nm_plan_default_params();
+        bp.granule = 2;
+        bp.budget_rows = N_EXPERT * 16;
+        p = make_plan(m, c, &prof, &bp);
+        if (p) CHECK_INT_EQ(p->granule, 2);
+        nm_plan_free(p);
+        nm_plan_params qp = qparams();
+        p = make_plan(m, c, &prof, &qp);
+        if (p) {
+            CHECK_INT_EQ(p->n_tiers, cases[i].n_quantile_tiers);
+            for (int t = 0; t < p->n_tiers && t < cases[i].n_quantile_tiers; t++)
+                CHECK_INT_EQ(p->tiers[t], cases[i].quantile_tiers[t]);
+        }
+        nm_plan_free(p);
+    }
 }
 
 /* The planner's budget objective on skewed random loads: exactly the
@@ -1748,6 +1809,7 @@ int main(void) {
         test_planner_random(tiny, c);
         test_allocate_exhaustive(c);
         test_planner_budget(tiny, c);
+        test_planner_granule(tiny, c);
         test_plan_files(tiny, other, c);
         test_malformed(tiny, other);
         test_alloc_failures(tiny, c);

@@ -277,6 +277,10 @@ nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec,
     return NM_OK;
 }
 
+int32_t nm_device_row_granule(const nm_device *dev) {
+    return dev->ops->row_granule ? dev->ops->row_granule(dev) : 1;
+}
+
 nm_status nm_device_check(nm_device *dev, nm_error *err) {
     return dev && dev->ops->check ? dev->ops->check(dev, err) : NM_OK;
 }
@@ -295,10 +299,13 @@ nm_status nm_device_list(nm_device_info **out, int *n, char *why_no_vulkan, size
              "the host's kernels on %d worker thread(s) of its own (--device-threads)", 1);
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     cpu->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-    cpu->float16 = cpu->int8 = true; /* the host kernels read F16 and int8 blocks */
+    cpu->float16 = cpu->int8 = true;             /* the host kernels read F16 and int8 blocks */
+    cpu->row_granule = nm_kernels_row_granule(); /* as its row_granule slot */
     int count = 1;
 #ifdef NM_HAVE_VULKAN
     count += nm_vulkan_list(list + 1, MAX_VULKAN_LISTED, why_no_vulkan, why_bytes);
+    for (int i = 1; i < count; i++) /* no row_granule slot: none preferred */
+        list[i].row_granule = 1;
 #else
     if (why_no_vulkan)
         snprintf(why_no_vulkan, why_bytes,

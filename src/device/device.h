@@ -191,6 +191,10 @@ typedef struct nm_device_ops {
      * return one: after a failure they return at once and outputs hold
      * zeros, so the host checks this after waiting (nm_device_check). */
     nm_status (*check)(nm_device *dev, nm_error *err);
+    /* Optional (NULL: 1). The rows the device computes at once: a graph's
+     * capacity is best a multiple of it (the planner's default granule,
+     * recorded in the profile). */
+    int32_t (*row_granule)(const nm_device *dev);
 
     /* ---- graph kind 2, the dense part of a layer (optional as a whole:
      * a device without it has compile_dense NULL, dense_features 0 and
@@ -272,6 +276,8 @@ nm_status nm_dense_spec_check(const nm_dense_spec *spec, nm_error *err);
  * (dense_features); else NM_ERR_UNSUPPORTED naming the device, the layer
  * and the first thing missing. Does not check the spec's shapes. */
 nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec, nm_error *err);
+/* dev->ops->row_granule, or 1 for a device without one. */
+int32_t nm_device_row_granule(const nm_device *dev);
 /* dev->ops->check, or NM_OK for a device without one. */
 nm_status nm_device_check(nm_device *dev, nm_error *err);
 

@@ -235,6 +235,7 @@ nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t 
     out->d_model = d_model;
     out->d_ff = d_ff;
     out->weight_type = w->gate.type;
+    out->granule = nm_device_row_granule(dev);
     for (int32_t i = 0; i < max_experts; i++)
         experts[i] = i;
     nm_ffn_spec spec = {.layer = 0,

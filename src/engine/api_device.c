@@ -17,3 +17,5 @@ nm_status nm_kernels_check_environment(nm_error *err) {
 const char *nm_kernels_variant(void) { return nm_kernels_isa_name(nm_kernels_active()); }
 
 const char *nm_kernels_variant_why(void) { return nm_kernels_why(); }
+
+int32_t nm_kernels_variant_row_granule(void) { return nm_kernels_row_granule(); }

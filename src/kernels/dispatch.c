@@ -189,6 +189,8 @@ const char *nm_kernels_why(void) {
     return why;
 }
 
+int32_t nm_kernels_row_granule(void) { return nm_kernels_active() == NM_KERNELS_AMX ? 16 : 1; }
+
 bool nm_kernels_force(nm_kernels_isa isa) {
     if (!nm_kernels_isa_supported(isa)) return false;
     atomic_store(&active_isa, (int)isa);
@@ -258,6 +260,32 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
     default:
         nm_matmul_ref_forward(w, x, ldx, m, y, ldy, j0, j1);
     }
+}
+
+void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                              int64_t m, float *h, int64_t ldh, float *u, int64_t ldu, int64_t j0,
+                              int64_t j1) {
+    /* the fused versions where nm_matmul_forward would run their variant
+     * for both matrices; otherwise two of its calls */
+    nm_kernels_isa isa = nm_kernels_active();
+    if (wg->layout == NM_LAYOUT_PANEL16 && isa != NM_KERNELS_AMX) isa = NM_KERNELS_AVX512VNNI;
+    if (wg->layout == wu->layout) switch (isa) {
+#if defined(__x86_64__)
+        case NM_KERNELS_AMX:
+#if defined(NM_AMX_EMULATE)
+            nm_matmul_swiglu_amx_emu_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+#else
+            nm_matmul_swiglu_amx_hw_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+#endif
+            return;
+        case NM_KERNELS_AVX512VNNI:
+            nm_matmul_swiglu_avx512vnni_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+            return;
+#endif
+        default:
+            break;
+        }
+    nm_matmul_swiglu_by(nm_matmul_forward, wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
 }
 
 /* The window is an offset into the cache: the kernels see positions kv0

@@ -82,6 +82,22 @@ static inline size_t nm_quant_chunk_bytes(uint32_t type) {
         }                                                                                          \
     } while (0)
 
+/* A variant's matmul (nm_matmul_forward's contract). */
+typedef void (*nm_matmul_fn)(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                             int64_t ldy, int64_t j0, int64_t j1);
+
+/* nm_matmul_swiglu_forward as two calls of fn and nm_swiglu_forward: the
+ * bits every fused version must give (mat.c). */
+void nm_matmul_swiglu_by(nm_matmul_fn fn, const nm_mat *wg, const nm_mat *wu, const float *x,
+                         int64_t ldx, int64_t m, float *h, int64_t ldh, float *u, int64_t ldu,
+                         int64_t j0, int64_t j1);
+
+/* Whether gate and up can share one pass: the same type, shape and layout. */
+static inline bool nm_matmul_fusable(const nm_mat *wg, const nm_mat *wu) {
+    return wg->type == wu->type && wg->n == wu->n && wg->k == wu->k &&
+           wg->row_bytes == wu->row_bytes && wg->layout == wu->layout;
+}
+
 void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                            int64_t ldy, int64_t j0, int64_t j1);
 void nm_attention_ref_forward(const float *q, const float *k_cache, const float *v_cache,
@@ -109,6 +125,11 @@ void nm_matmul_avx512bf16_forward(const nm_mat *w, const float *x, int64_t ldx, 
  * Q6_K weights (x86/avx512vnni.c); BF16 as avx512bf16, others as avx512. */
 void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                   int64_t ldy, int64_t j0, int64_t j1);
+/* nm_matmul_swiglu_forward under avx512vnni: quantised gate and up that
+ * nm_matmul_fusable accepts in one pass over the quantised activations. */
+void nm_matmul_swiglu_avx512vnni_forward(const nm_mat *wg, const nm_mat *wu, const float *x,
+                                         int64_t ldx, int64_t m, float *h, int64_t ldh, float *u,
+                                         int64_t ldu, int64_t j0, int64_t j1);
 /* Whether avx512vnni quantises the activations for weights of this type. */
 bool nm_matmul_avx512vnni_quantises(uint32_t type);
 /* nm_mat_repack's work: w's rows into dst in NM_LAYOUT_PANEL16. */
@@ -120,6 +141,14 @@ void nm_matmul_amx_hw_forward(const nm_mat *w, const float *x, int64_t ldx, int6
                               int64_t ldy, int64_t j0, int64_t j1);
 void nm_matmul_amx_emu_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                int64_t ldy, int64_t j0, int64_t j1);
+/* nm_matmul_swiglu_forward under amx: BF16 and quantised gate and up in
+ * one pass over the activations' tiles (_hw, _emu as above). */
+void nm_matmul_swiglu_amx_hw_forward(const nm_mat *wg, const nm_mat *wu, const float *x,
+                                     int64_t ldx, int64_t m, float *h, int64_t ldh, float *u,
+                                     int64_t ldu, int64_t j0, int64_t j1);
+void nm_matmul_swiglu_amx_emu_forward(const nm_mat *wg, const nm_mat *wu, const float *x,
+                                      int64_t ldx, int64_t m, float *h, int64_t ldh, float *u,
+                                      int64_t ldu, int64_t j0, int64_t j1);
 void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
                                  int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
                                  int head_dim, float scale, const float *sinks, float *out,

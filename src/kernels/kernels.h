@@ -84,6 +84,12 @@ const char *nm_kernels_why(void);
 bool nm_kernels_amx_hardware(void);
 /* Whether this build emulates the tile instructions (-DNM_AMX_EMULATE=ON). */
 bool nm_kernels_amx_emulated(void);
+/* The row granule of the variant in use: the rows its matmuls compute at
+ * once, so a product over a multiple of it wastes nothing (a static graph's
+ * capacities are best rounded up to it). 16 under amx (a tile holds 16
+ * activation rows; fewer cost the same, docs/PERFORMANCE.md), else 1 (the
+ * vector variants' time per row measured no lower at any row count). */
+int32_t nm_kernels_row_granule(void);
 /* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
  * "exact" (which is then forced); false otherwise, with the value in *bad. */
 bool nm_kernels_check_env(const char **bad);
@@ -191,6 +197,19 @@ bool nm_expert_weights_plain(const nm_expert_weights *w);
  * x: [m][K] with row stride ldx; y: [m][...] with row stride ldy. */
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                        int64_t ldy, int64_t j0, int64_t j1);
+
+/* The first half of a SwiGLU FFN over m rows: h[i][j] = silu(g) * u with
+ * g = x Wg^T and u = x Wu^T, for i < m and j in [j0, j1). The bits of
+ * nm_matmul_forward of wg into h and of wu into u, then nm_swiglu_forward
+ * of each row's [j0, j1); where the variant can (avx512vnni and amx, for
+ * the types they quantise or tile, with gate and up of one type, shape
+ * and layout), the activations are quantised or rounded once for both
+ * and each group of columns gets its SwiGLU while it is in the cache.
+ * x: [m][K] (row stride ldx); h: [m][...] (ldh); u: scratch [m][...]
+ * (ldu), holding x Wu^T on return. */
+void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                              int64_t m, float *h, int64_t ldh, float *u, int64_t ldu, int64_t j0,
+                              int64_t j1);
 
 /* nm_matmul_forward of every row and column over the pool: y[m][N] =
  * x[m][K] W^T, output columns split into tiles of a multiple of 16 (which

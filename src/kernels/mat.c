@@ -1,7 +1,7 @@
 /* Views of weight matrices (one expert's matrix out of a stack), the
  * expert FFN composed from the matmul and SwiGLU kernels, and a matmul
  * split over a thread pool. */
-#include "kernels.h"
+#include "kernels-impl.h"
 
 nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e) {
     nm_mat m = *first;
@@ -57,14 +57,24 @@ void nm_expert_ffn_forward(const nm_expert_weights *w, int32_t e, const float *x
     const nm_mat wg = nm_expert_mat(&w->gate, w->gate_stride, e);
     const nm_mat wu = nm_expert_mat(&w->up, w->up_stride, e);
     const nm_mat wd = nm_expert_mat(&w->down, w->down_stride, e);
-    nm_matmul_forward(&wg, x, ldx, m, gate, ff, 0, ff);
-    nm_matmul_forward(&wu, x, ldx, m, up, ff, 0, ff);
-    if (nm_expert_weights_plain(w))
-        nm_swiglu_forward(gate, up, gate, m * ff);
-    else
+    if (nm_expert_weights_plain(w)) {
+        nm_matmul_swiglu_forward(&wg, &wu, x, ldx, m, gate, ff, up, ff, 0, ff);
+    } else {
+        nm_matmul_forward(&wg, x, ldx, m, gate, ff, 0, ff);
+        nm_matmul_forward(&wu, x, ldx, m, up, ff, 0, ff);
         nm_expert_glu_forward(w, e, gate, up, ff, m, 0, ff);
+    }
     nm_matmul_forward(&wd, gate, ff, m, out, ldo, 0, dm);
     nm_expert_down_bias(w, e, out, ldo, m, 0, dm);
+}
+
+void nm_matmul_swiglu_by(nm_matmul_fn fn, const nm_mat *wg, const nm_mat *wu, const float *x,
+                         int64_t ldx, int64_t m, float *h, int64_t ldh, float *u, int64_t ldu,
+                         int64_t j0, int64_t j1) {
+    fn(wg, x, ldx, m, h, ldh, j0, j1);
+    fn(wu, x, ldx, m, u, ldu, j0, j1);
+    for (int64_t i = 0; i < m; i++)
+        nm_swiglu_forward(h + i * ldh + j0, u + i * ldu + j0, h + i * ldh + j0, j1 - j0);
 }
 
 typedef struct matmul_ctx {

@@ -19,7 +19,9 @@
  * powers of two in [T/64, T) and T. The mean load is T*k/E, T/16 to T/4 in
  * the MoE models we target, so T/64 is a cold expert's load; colder experts
  * end up on the host anyway, and halving steps waste at most half a tier in
- * padding.
+ * padding. A device that computes rows in blocks (the profile's granule)
+ * gets its capacities rounded up to them: the budget's default granule is
+ * a multiple of it, and the default tiers are rounded up to one.
  *
  * Groups and residency. Within one layer and tier, experts are ordered by
  * their host cost (hottest first) and cut into consecutive groups of g;
@@ -659,13 +661,41 @@ static int32_t default_tiers(int32_t chunk, int32_t *tiers) {
     return n;
 }
 
-static nm_status set_tiers(nm_plan *plan, const nm_plan_params *p, int32_t chunk, nm_error *err) {
+/* The default tiers rounded up to multiples of the device's granule dev_g
+ * (capped at the chunk), without repeats; returns how many. */
+static int32_t device_tiers(int32_t chunk, int32_t dev_g, int32_t *tiers) {
+    const int32_t n_def = default_tiers(chunk, tiers);
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_def; i++) {
+        int32_t t = dev_g > 1 ? (tiers[i] + dev_g - 1) / dev_g * dev_g : tiers[i];
+        if (t > chunk) t = chunk;
+        if (n == 0 || t > tiers[n - 1]) tiers[n++] = t;
+    }
+    return n;
+}
+
+/* The budget objective's granule when none is asked for. A device that
+ * computes dev_g > 1 rows at once (the profile's granule: 16 for the cpu
+ * device under amx) gets the smallest multiple of dev_g that divides the
+ * chunk in at most NM_PLAN_MAX_TIERS tiers, so no capacity leaves part of
+ * its last row block idle; otherwise (1, a profile that does not record
+ * it, or a chunk no such multiple divides) the smallest divisor of the
+ * chunk >= chunk/16. */
+static int32_t default_granule(int32_t chunk, int32_t dev_g) {
+    if (dev_g > 1)
+        for (int32_t g = dev_g; g <= chunk; g += dev_g)
+            if (chunk % g == 0 && chunk / g <= NM_PLAN_MAX_TIERS) return g;
+    int32_t g = chunk / 16 > 1 ? chunk / 16 : 1;
+    while (chunk % g != 0)
+        g++;
+    return g;
+}
+
+static nm_status set_tiers(nm_plan *plan, const nm_plan_params *p, int32_t chunk, int32_t dev_g,
+                           nm_error *err) {
     int32_t tiers[NM_PLAN_MAX_TIERS], n = 0;
     if (p->objective == NM_PLAN_BUDGET) {
-        int32_t g = p->granule;
-        if (g == 0) /* the smallest divisor of the chunk >= chunk/16 */
-            for (g = chunk / 16 > 1 ? chunk / 16 : 1; chunk % g != 0; g++)
-                ;
+        const int32_t g = p->granule ? p->granule : default_granule(chunk, dev_g);
         plan->granule = g;
         for (n = 0; n < chunk / g; n++)
             tiers[n] = (n + 1) * g;
@@ -673,7 +703,7 @@ static nm_status set_tiers(nm_plan *plan, const nm_plan_params *p, int32_t chunk
         for (n = 0; n < p->n_tiers; n++)
             tiers[n] = p->tiers[n];
     } else {
-        n = default_tiers(chunk, tiers);
+        n = device_tiers(chunk, dev_g, tiers);
     }
     plan->tiers = nm_malloc((size_t)n * sizeof(int32_t));
     if (!plan->tiers) return nm_errorf(err, NM_ERR_NOMEM, "out of memory for a plan");
@@ -694,8 +724,8 @@ static nm_status set_budgets(planner *pl, nm_error *err) {
         nm_status st = nm_plan_row_ms(pl->profile, &row_ms, err);
         if (st != NM_OK) return st;
     }
-    int32_t tiers[NM_PLAN_MAX_TIERS];
-    const int32_t n = default_tiers(plan->moe.chunk, tiers);
+    int32_t tiers[NM_PLAN_MAX_TIERS]; /* the quantile rule's, as set_tiers makes them */
+    const int32_t n = device_tiers(plan->moe.chunk, pl->profile->granule, tiers);
     for (int32_t l = 0; l < plan->moe.n_layer; l++) {
         int64_t rows = p->budget_rows;
         if (!rows && p->budget_ms > 0)
@@ -767,7 +797,7 @@ nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const n
         plan->moe.salience = pl.params.salience;
         plan->quantile = pl.params.quantile;
         plan->objective = pl.params.objective;
-        st = set_tiers(plan, &pl.params, calib->chunk, err);
+        st = set_tiers(plan, &pl.params, calib->chunk, profile->granule, err);
     }
     if (st == NM_OK) st = set_budgets(&pl, err);
     for (int32_t l = 0; l < n_layer && st == NM_OK; l++)

@@ -51,6 +51,9 @@ nm_status nm_profile_check(const nm_profile *p, nm_error *err) {
     if (p->chunk < 1 || p->chunk > NM_PLAN_MAX_CHUNK)
         return nm_errorf(err, NM_ERR_FORMAT, "chunk %d is not in [1, %d]", p->chunk,
                          NM_PLAN_MAX_CHUNK);
+    if (p->granule < 0 || p->granule > NM_PLAN_MAX_CHUNK)
+        return nm_errorf(err, NM_ERR_FORMAT, "granule %d is not in [1, %d] (or 0: not recorded)",
+                         p->granule, NM_PLAN_MAX_CHUNK);
     if (p->n_points < 1 || !p->points)
         return nm_errorf(err, NM_ERR_FORMAT, "the profile has no points");
     for (int32_t i = 0; i < p->n_points; i++) {
@@ -118,6 +121,8 @@ nm_status nm_profile_save_memory(const nm_profile *p, char **text, size_t *n_byt
     if (p->dense_device_ms > 0)
         ok = ok && nm_json_put(root, "dense_device_ms", nm_json_num(p->dense_device_ms)) &&
              nm_json_put(root, "dense_host_ms", nm_json_num(p->dense_host_ms));
+    /* absent from profiles made before it was measured: 0 in memory */
+    if (ok && p->granule > 0) ok = nm_json_put(root, "granule", json_integer(p->granule));
     ok = nm_json_put(root, "points", points) && ok;
     for (int32_t i = 0; ok && i < p->n_points; i++) {
         json_t *pt = json_object();
@@ -187,6 +192,12 @@ static nm_status read_profile(const json_t *root, void *ctx, nm_error *err) {
         NM_ERR_NOT_FOUND)
         st = NM_OK;
     if (st != NM_OK) return st;
+    /* optional: profiles written before it have none (0) */
+    int64_t granule = 0;
+    if (json_object_get(root, "granule") &&
+        (st = nm_json_get_int(root, "granule", 1, NM_PLAN_MAX_CHUNK, &granule, NULL, err)))
+        return st;
+    p->granule = (int32_t)granule;
     p->d_model = d_model;
     p->d_ff = d_ff;
     p->chunk = (int32_t)chunk;

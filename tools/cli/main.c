@@ -18,6 +18,8 @@ static int cmd_info(nm_model *model, const cli_options *o) {
     (void)o;
     nm_model_describe(model, stdout);
     printf("kernels: %s (%s)\n", nm_kernels_variant(), nm_kernels_variant_why());
+    printf("row granule: %d (rows the kernels compute at once; the cpu device's)\n",
+           (int)nm_kernels_variant_row_granule());
     return 0;
 }
 

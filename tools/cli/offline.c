@@ -162,9 +162,9 @@ int cmd_profile(nm_model *model, const cli_options *o) {
         rc = fail_err(&err);
     } else {
         printf("device %s: dispatch+sync %.4f ms; host %.4f ms per expert + %.5f ms per row "
-               "+ %.4f ms per layer and chunk of %d\n",
+               "+ %.4f ms per layer and chunk of %d; row granule %d\n",
                prof.device, prof.dispatch_ms, prof.host_expert_ms, prof.host_row_ms,
-               prof.host_overhead_ms, prof.chunk);
+               prof.host_overhead_ms, prof.chunk, (int)prof.granule);
         if (prof.dense_device_ms > 0)
             printf("dense part of a layer over a chunk of %d: device %.4f ms, host %.4f ms\n",
                    prof.chunk, prof.dense_device_ms, prof.dense_host_ms);

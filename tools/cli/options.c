@@ -124,7 +124,8 @@ static const option_def option_table[] = {
     {"budget-ms", 0, KIND_F32, F(budget_ms), 1e-6, 1e9, CMD_PLAN, "MS",
      "budget: device time per layer and chunk, at the profile's per-row cost"},
     {"granule", 0, KIND_I32, F(granule), 1, 1 << 16, CMD_PLAN, "N",
-     "budget: capacities are multiples of N, a divisor of the chunk (default chunk/16)"},
+     "budget: capacities are multiples of N, a divisor of the chunk (default: the profile's "
+     "row granule when above 1, else chunk/16)"},
     {"tiers", 0, KIND_STR, F(tiers), 0, 0, CMD_PLAN, "LIST",
      "quantile: candidate capacities, ascending, comma separated (default: from the chunk)"},
     {"quantile", 0, KIND_F32, F(quantile), 1e-6, 1, CMD_PLAN, "Q",

@@ -410,6 +410,12 @@ static bool cpu_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op
     return (op == NM_GRAPH_FFN || op == NM_GRAPH_DENSE) && nm_dtype_is_supported(weight_type);
 }
 
+/* The host kernels' own: 16 under amx, whose tiles hold 16 rows. */
+static int32_t cpu_row_granule(const nm_device *dev) {
+    (void)dev;
+    return nm_kernels_row_granule();
+}
+
 static const nm_device_ops cpu_ops = {
     .name = "cpu",
     .supports = cpu_supports,
@@ -421,6 +427,7 @@ static const nm_device_ops cpu_ops = {
     .graph_free = cpu_graph_free,
     .stats = cpu_stats,
     .free = cpu_free,
+    .row_granule = cpu_row_granule,
     /* every form the host's own layer computes */
     .ffn_features = NM_FFN_F_BIAS | NM_FFN_F_SWIGLU_OAI,
     .dense_features = (1u << NM_DENSE_F_COUNT) - 1,

@@ -193,17 +193,68 @@ static void bf16_c_io(int load, int ng, int mg, float *cbuf, float *y, int64_t l
         }
 }
 
-static void matmul_bf16(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
-                        int64_t ldy, int64_t j0, int64_t j1) {
+/* Outputs [j, min(j + 32, j1)) of w for the activation tiles xt of rows
+ * [i0, i0 + mi) over the slice k0 + [0, kn). */
+static inline __attribute__((always_inline)) void
+bf16_cols(const nm_mat *w, int64_t j, int64_t j1, int64_t k0, int64_t kn, int64_t i0, int64_t mi,
+          uint32_t (*xt)[BF_KC / 2 * 16], uint16_t (*apad)[16 * BF_KC], float *cbuf, float *y,
+          int64_t ldy, int64_t m) {
+    const int64_t k = w->k, nkb = (kn + 31) / 32;
+    const uint8_t *base = w->data;
+    const int first = k0 == 0;
+    const int mg = (int)((mi + 15) / 16);
+    const int ng = j1 - j > 16 ? 2 : 1;
+    /* A in place: whole blocks of rows that exist */
+    const int in_place = k % 32 == 0 && j + 16 * ng <= w->n;
+    const uint8_t *as[2];
+    const int64_t lda = in_place ? (int64_t)w->row_bytes : nkb * 64;
+    for (int g = 0; g < ng; g++) {
+        const int64_t jg = j + 16 * g;
+        if (in_place) {
+            as[g] = base + (size_t)jg * w->row_bytes + (size_t)k0 * 2;
+            continue;
+        }
+        memset(apad[g], 0, sizeof apad[g]);
+        for (int c = 0; c < 16 && jg + c < w->n; c++)
+            memcpy(apad[g] + c * nkb * 32, base + (size_t)(jg + c) * w->row_bytes + (size_t)k0 * 2,
+                   (size_t)kn * 2);
+        as[g] = (const uint8_t *)apad[g];
+    }
+    for (int h = 0; h < mg; h += 2) {
+        const int mp = mg - h > 1 ? 2 : 1;
+        const uint32_t *xts[2] = {xt[h], xt[h + mp - 1]};
+        const int64_t i = i0 + 16 * h;
+        if (!first) bf16_c_io(1, ng, mp, cbuf, y, ldy, i, m, j, j1);
+        /* While the first activation tiles meet these rows, the
+         * next 32 rows (read in place) are prefetched into L2: a
+         * tile's 16 rows are 16 streams, which the hardware
+         * prefetchers follow badly (as in avx512vnni.c). */
+        const uint8_t *pf = h == 0 && in_place && j + 64 <= j1 ? as[0] + 32 * w->row_bytes : NULL;
+        if (ng == 2 && mp == 2)
+            bf16_block(2, 2, as, lda, xts, nkb, first, cbuf, pf);
+        else if (ng == 2)
+            bf16_block(2, 1, as, lda, xts, nkb, first, cbuf, pf);
+        else if (mp == 2)
+            bf16_block(1, 2, as, lda, xts, nkb, first, cbuf, pf);
+        else
+            bf16_block(1, 1, as, lda, xts, nkb, first, cbuf, pf);
+        bf16_c_io(0, ng, mp, cbuf, y, ldy, i, m, j, j1);
+    }
+}
+
+/* y = x w^T over [j0, j1); with w2 (BF16 of w's shape), also y2 = x w2^T
+ * from the same activation tiles, then y = silu(y) * y2 (nm_swiglu_forward)
+ * for each 32 columns once the last slice of K is summed. */
+static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
+                        float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
     use_config(CFG_BF16);
     const int64_t k = w->k;
-    const uint8_t *base = w->data;
+    NM_ASSERT(!w2 || (w2->type == w->type && w2->n == w->n && w2->k == k));
     _Alignas(64) uint32_t xt[BF_MB][BF_KC / 2 * 16]; /* tiles B of BF_MB row tiles */
     _Alignas(64) uint16_t apad[2][16 * BF_KC];       /* tiles A that cannot be read in place */
     _Alignas(64) float cbuf[2 * 2 * 256];            /* C tiles: [g][h][n][m] */
     for (int64_t k0 = 0; k0 < k; k0 += BF_KC) {
-        const int64_t kn = k - k0 < BF_KC ? k - k0 : BF_KC, nkb = (kn + 31) / 32;
-        const int first = k0 == 0;
+        const int64_t kn = k - k0 < BF_KC ? k - k0 : BF_KC;
         for (int64_t i0 = 0; i0 < m; i0 += 16 * BF_MB) {
             const int64_t mi = m - i0 < 16 * BF_MB ? m - i0 : 16 * BF_MB;
             const int mg = (int)((mi + 15) / 16);
@@ -212,45 +263,13 @@ static void matmul_bf16(const nm_mat *w, const float *x, int64_t ldx, int64_t m,
                 bf16_b_tiles(x + (i0 + 16 * h) * ldx + k0, ldx, rows, kn, xt[h]);
             }
             for (int64_t j = j0; j < j1; j += 32) {
-                const int ng = j1 - j > 16 ? 2 : 1;
-                /* A in place: whole blocks of rows that exist */
-                const int in_place = k % 32 == 0 && j + 16 * ng <= w->n;
-                const uint8_t *as[2];
-                const int64_t lda = in_place ? (int64_t)w->row_bytes : nkb * 64;
-                for (int g = 0; g < ng; g++) {
-                    const int64_t jg = j + 16 * g;
-                    if (in_place) {
-                        as[g] = base + (size_t)jg * w->row_bytes + (size_t)k0 * 2;
-                        continue;
-                    }
-                    memset(apad[g], 0, sizeof apad[g]);
-                    for (int c = 0; c < 16 && jg + c < w->n; c++)
-                        memcpy(apad[g] + c * nkb * 32,
-                               base + (size_t)(jg + c) * w->row_bytes + (size_t)k0 * 2,
-                               (size_t)kn * 2);
-                    as[g] = (const uint8_t *)apad[g];
-                }
-                for (int h = 0; h < mg; h += 2) {
-                    const int mp = mg - h > 1 ? 2 : 1;
-                    const uint32_t *xts[2] = {xt[h], xt[h + mp - 1]};
-                    const int64_t i = i0 + 16 * h;
-                    if (!first) bf16_c_io(1, ng, mp, cbuf, y, ldy, i, m, j, j1);
-                    /* While the first activation tiles meet these rows, the
-                     * next 32 rows (read in place) are prefetched into L2: a
-                     * tile's 16 rows are 16 streams, which the hardware
-                     * prefetchers follow badly (as in avx512vnni.c). */
-                    const uint8_t *pf =
-                        h == 0 && in_place && j + 64 <= j1 ? as[0] + 32 * w->row_bytes : NULL;
-                    if (ng == 2 && mp == 2)
-                        bf16_block(2, 2, as, lda, xts, nkb, first, cbuf, pf);
-                    else if (ng == 2)
-                        bf16_block(2, 1, as, lda, xts, nkb, first, cbuf, pf);
-                    else if (mp == 2)
-                        bf16_block(1, 2, as, lda, xts, nkb, first, cbuf, pf);
-                    else
-                        bf16_block(1, 1, as, lda, xts, nkb, first, cbuf, pf);
-                    bf16_c_io(0, ng, mp, cbuf, y, ldy, i, m, j, j1);
-                }
+                bf16_cols(w, j, j1, k0, kn, i0, mi, xt, apad, cbuf, y, ldy, m);
+                if (!w2) continue;
+                bf16_cols(w2, j, j1, k0, kn, i0, mi, xt, apad, cbuf, y2, ldy2, m);
+                if (k0 + kn < k) continue;
+                const int64_t je = j + 32 < j1 ? j + 32 : j1;
+                for (int64_t i = i0; i < i0 + mi; i++)
+                    nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j, je - j);
             }
         }
     }
@@ -363,12 +382,49 @@ tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, 
         _mm512_mask_storeu_ps(y + r * ldy, cmask, acc[r]);
 }
 
-static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const nm_mat *w,
-                                                           const float *x, int64_t ldx, int64_t m,
-                                                           float *y, int64_t ldy, int64_t j0,
-                                                           int64_t j1) {
+/* Outputs [j, je) of w (one group of NC rows at most; returns je) for the
+ * quantised activation rows [i0, i1) over the slice k0 + [0, kn). */
+static inline __attribute__((always_inline)) int64_t
+q_cols(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j, int64_t j1, int64_t k0,
+       int64_t kn, int64_t i0, int64_t i1, const int8_t *xq, const xblock *xm, wpanel_block *panel,
+       float *y, int64_t ldy) {
+    const int64_t fetch_k = QB * units_per_fetch(type), nb = kn / QB;
+    int32_t off[NC];
+    const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
+    fill_panel(type, &rows.src, kn / fetch_k, panel);
+    /* the next NC rows of the file (NC streams, which the
+     * hardware prefetchers follow badly), or the next group of
+     * the panel16 layout (one stream), during the first tile */
+    const int64_t jn = rows.jl + NC;
+    const size_t slice = (size_t)(kn / fetch_k) * fetch_bytes(type);
+    const prefetch_rows next =
+        jn < n_grouped ? (prefetch_rows){rows.wj + NC * w->row_bytes +
+                                             NC * (size_t)(k0 / fetch_k) * fetch_bytes(type),
+                                         64 * ((int64_t)(NC * slice + 1023) / 1024),
+                                         (int64_t)(NC * slice + 1023) / 1024}
+                       : (prefetch_rows){rows.wj + NC * w->row_bytes +
+                                             (size_t)(k0 / fetch_k) * fetch_bytes(type),
+                                         (int64_t)w->row_bytes, (int64_t)(slice + 63) / 64};
+    const int pf_ok = jn < n_grouped || jn + NC <= j1;
+    for (int64_t i = i0; i < i1; i += MT)
+        tile_q(type, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
+               y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0, (int)(i1 - i < MT ? i1 - i : MT),
+               i == i0 && pf_ok ? &next : NULL);
+    return rows.je;
+}
+
+/* y = x w^T over [j0, j1); with w2 (same type, shape and layout as w),
+ * also y2 = x w2^T from the same quantised activations, then, group of
+ * columns by group, y = silu(y) * y2 (nm_swiglu_forward) once the last
+ * slice of K is summed. */
+static inline __attribute__((always_inline)) void
+matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
+         float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
     if (m < AMX_MIN_ROWS) { /* avx512vnni's own, the same bits */
-        nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
+        if (w2)
+            nm_matmul_swiglu_avx512vnni_forward(w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        else
+            nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
     }
     use_config(CFG_INT8);
@@ -378,6 +434,8 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
     NM_ASSERT(n_grouped == 0 || nm_kernels_is_vnni_block_quant(type));
+    NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
+                      w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     const int64_t kc = k < KC ? k : KC;
     const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
     int64_t rb = XBUF_BYTES / row_q_bytes / MT * MT;
@@ -386,7 +444,7 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
     _Alignas(64) uint8_t xbuf[XBUF_BYTES];    /* [rb][kc] codes, then [rb][kc / QB] blocks */
     _Alignas(64) wpanel_block panel[KC / QB]; /* [kc / QB] blocks of NC rows */
     for (int64_t k0 = 0; k0 < k; k0 += kc) {
-        const int64_t kn = k - k0 < kc ? k - k0 : kc, nb = kn / QB;
+        const int64_t kn = k - k0 < kc ? k - k0 : kc;
         for (int64_t i0 = 0; i0 < m; i0 += rb) {
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             const int64_t n_rows = (i1 - i0 + MT - 1) / MT * MT; /* whole tiles */
@@ -394,60 +452,57 @@ static inline __attribute__((always_inline)) void matmul_q(uint32_t type, const 
             xblock *xm;
             quantise_rows(type, x, ldx, i0, i1, n_rows, k0, kn, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
-                int32_t off[NC];
-                const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
-                fill_panel(type, &rows.src, kn / fetch_k, panel);
-                /* the next NC rows of the file (NC streams, which the
-                 * hardware prefetchers follow badly), or the next group of
-                 * the panel16 layout (one stream), during the first tile */
-                const int64_t jn = rows.jl + NC;
-                const size_t slice = (size_t)(kn / fetch_k) * fetch_bytes(type);
-                const prefetch_rows next =
-                    jn < n_grouped
-                        ? (prefetch_rows){rows.wj + NC * w->row_bytes +
-                                              NC * (size_t)(k0 / fetch_k) * fetch_bytes(type),
-                                          64 * ((int64_t)(NC * slice + 1023) / 1024),
-                                          (int64_t)(NC * slice + 1023) / 1024}
-                        : (prefetch_rows){rows.wj + NC * w->row_bytes +
-                                              (size_t)(k0 / fetch_k) * fetch_bytes(type),
-                                          (int64_t)w->row_bytes, (int64_t)(slice + 63) / 64};
-                const int pf_ok = jn < n_grouped || jn + NC <= j1;
-                for (int64_t i = i0; i < i1; i += MT)
-                    tile_q(type, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
-                           y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0,
-                           (int)(i1 - i < MT ? i1 - i : MT), i == i0 && pf_ok ? &next : NULL);
-                j = rows.je;
+                const int64_t je =
+                    q_cols(type, w, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, panel, y, ldy);
+                if (w2) {
+                    q_cols(type, w2, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, panel, y2, ldy2);
+                    if (k0 + kn == k)
+                        for (int64_t i = i0; i < i1; i++)
+                            nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j,
+                                              je - j);
+                }
+                j = je;
             }
         }
     }
+}
+
+/* Both entry points: w2 NULL (y2 unused) is the plain matmul. */
+static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
+                       float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
+    if (w->type == NM_DTYPE_BF16) {
+        matmul_bf16(w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        return;
+    }
+#define NM_MATMUL_Q(T) matmul_q(T, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1)
+    NM_VNNI_FOR_EACH_QTYPE(w->type, NM_MATMUL_Q);
+#undef NM_MATMUL_Q
+}
+
+static bool tile_type(uint32_t type) {
+    return type == NM_DTYPE_BF16 || nm_matmul_avx512vnni_quantises(type);
+}
+
+void AMX_FN(nm_matmul_swiglu_amx)(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                                  int64_t m, float *h, int64_t ldh, float *u, int64_t ldu,
+                                  int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= wg->n);
+    if (m <= 0 || j0 == j1) return;
+    if (tile_type(wg->type) && nm_matmul_fusable(wg, wu)) {
+        matmul_any(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+        return;
+    }
+    nm_matmul_swiglu_by(AMX_FN(nm_matmul_amx), wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
 }
 
 void AMX_FN(nm_matmul_amx)(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                            int64_t ldy, int64_t j0, int64_t j1) {
     NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
     if (m <= 0 || j0 == j1) return;
-    switch (w->type) {
-    case NM_DTYPE_BF16:
-        matmul_bf16(w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q8_0:
-        matmul_q(NM_DTYPE_Q8_0, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q4_0:
-        matmul_q(NM_DTYPE_Q4_0, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q4_K:
-        matmul_q(NM_DTYPE_Q4_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q5_K:
-        matmul_q(NM_DTYPE_Q5_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    case NM_DTYPE_Q6_K:
-        matmul_q(NM_DTYPE_Q6_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    default:
+    if (tile_type(w->type))
+        matmul_any(w, NULL, x, ldx, m, y, ldy, NULL, 0, j0, j1);
+    else
         nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
-    }
 }
 #else
 typedef int nm_amx_unused; /* an empty translation unit is not ISO C */

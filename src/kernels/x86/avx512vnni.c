@@ -174,8 +174,47 @@ ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, co
         tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
 }
 
-ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
-                            float *y, int64_t ldy, int64_t j0, int64_t j1) {
+/* Outputs [j, je) of w (one group of NC rows at most; returns je) for the
+ * quantised activation rows [i0, i1) over the slice k0 + [0, kn). */
+ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j,
+                                int64_t j1, int64_t k0, int64_t kn, int64_t i0, int64_t i1,
+                                const int8_t *xq, const xblock *xm, int use_panel,
+                                wpanel_block *panel, float *y, int64_t ldy) {
+    const int64_t k = w->k, nb = kn / QB;
+    const int64_t fetch_k = QB * units_per_fetch(type); /* elements per fetch */
+    int32_t off[NC];
+    const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
+    const int64_t jl = rows.jl;
+    const uint8_t *wj = rows.wj;
+    const wsrc src = rows.src;
+    const __mmask16 cmask = rows.cmask;
+    /* A tile that reads the weights itself (one row, or a few)
+     * prefetches the next NC rows (contiguous when the slice is
+     * whole rows) into L2 meanwhile, in one sweep: the file's NC
+     * rows are NC short streams, which the hardware prefetchers
+     * follow badly, and even the one ascending stream of the
+     * panel16 layout is read far slower without. Measured: Q8_0
+     * 1 x 16384 x 2048 (bench/kernels.c) 2.5 ms without, 2.5-3.2
+     * ms into L1, 1.1-1.4 ms into L2; tg128 of the Q4_K_M model
+     * of docs/PERFORMANCE.md, 2 threads, 56 tokens/s without,
+     * 77-80 with, 73-78 with the prefetch two groups ahead. */
+    const uint8_t *pf = !use_panel && kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
+    if (use_panel) fill_panel(type, &src, kn / fetch_k, panel);
+    for (int64_t i = i0; i < i1; i += RT_MAX) {
+        const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
+        tile_src(type, rt, use_panel ? panel : NULL, &src, xq + (i - i0) * kn, kn,
+                 xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf);
+    }
+    return rows.je;
+}
+
+/* y = x w^T over [j0, j1); with w2 (same type, shape and layout as w),
+ * also y2 = x w2^T from the same quantised activations, and then, group of
+ * columns by group, y = silu(y) * y2 (nm_swiglu_forward) once the last
+ * slice of K is summed: the bits of two calls and nm_swiglu_forward. */
+ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x,
+                            int64_t ldx, int64_t m, float *y, int64_t ldy, float *y2, int64_t ldy2,
+                            int64_t j0, int64_t j1) {
     const int64_t k = w->k;
     const int64_t fetch_k = QB * units_per_fetch(type); /* elements per fetch */
     NM_ASSERT(k % fetch_k == 0);
@@ -183,6 +222,8 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     /* rows in whole groups of the panel16 layout (0 in the file's) */
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
     NM_ASSERT(n_grouped == 0 || nm_kernels_is_vnni_block_quant(type));
+    NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
+                      w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     /* Several row tiles share a panel, repacked once per row block; one tile
      * (m <= RT_MAX) transposes the weights in registers as it goes. */
     const int use_panel = m > RT_MAX;
@@ -194,38 +235,24 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const float *x, int6
     _Alignas(64) uint8_t xbuf[XBUF_BYTES];          /* [rb][kc] codes, then [rb][kc / QB] blocks */
     _Alignas(64) wpanel_block panel[KC_PANEL / QB]; /* [kc / QB] blocks of NC rows */
     for (int64_t k0 = 0; k0 < k; k0 += kc) {
-        const int64_t kn = k - k0 < kc ? k - k0 : kc, nb = kn / QB;
+        const int64_t kn = k - k0 < kc ? k - k0 : kc;
         for (int64_t i0 = 0; i0 < m; i0 += rb) {
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             int8_t *xq;
             xblock *xm;
             quantise_rows(type, x, ldx, i0, i1, i1 - i0, k0, kn, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
-                int32_t off[NC];
-                const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
-                const int64_t jl = rows.jl;
-                const uint8_t *wj = rows.wj;
-                const wsrc src = rows.src;
-                const __mmask16 cmask = rows.cmask;
-                /* A tile that reads the weights itself (one row, or a few)
-                 * prefetches the next NC rows (contiguous when the slice is
-                 * whole rows) into L2 meanwhile, in one sweep: the file's NC
-                 * rows are NC short streams, which the hardware prefetchers
-                 * follow badly, and even the one ascending stream of the
-                 * panel16 layout is read far slower without. Measured: Q8_0
-                 * 1 x 16384 x 2048 (bench/kernels.c) 2.5 ms without, 2.5-3.2
-                 * ms into L1, 1.1-1.4 ms into L2; tg128 of the Q4_K_M model
-                 * of docs/PERFORMANCE.md, 2 threads, 56 tokens/s without,
-                 * 77-80 with, 73-78 with the prefetch two groups ahead. */
-                const uint8_t *pf =
-                    !use_panel && kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
-                if (use_panel) fill_panel(type, &src, kn / fetch_k, panel);
-                for (int64_t i = i0; i < i1; i += RT_MAX) {
-                    const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-                    tile_src(type, rt, use_panel ? panel : NULL, &src, xq + (i - i0) * kn, kn,
-                             xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf);
+                const int64_t je = col_group(type, w, n_grouped, j, j1, k0, kn, i0, i1, xq, xm,
+                                             use_panel, panel, y, ldy);
+                if (w2) {
+                    col_group(type, w2, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, use_panel, panel,
+                              y2, ldy2);
+                    if (k0 + kn == k)
+                        for (int64_t i = i0; i < i1; i++)
+                            nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j,
+                                              je - j);
                 }
-                j = rows.je;
+                j = je;
             }
         }
     }
@@ -294,24 +321,36 @@ bool nm_matmul_avx512vnni_quantises(uint32_t type) {
            type == NM_DTYPE_Q5_K || type == NM_DTYPE_Q6_K;
 }
 
+/* Both entry points: w2 NULL (y2 unused) is the plain matmul. */
+static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
+                       float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
+#define NM_MATMUL_Q(T) matmul_q(T, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1)
+    NM_VNNI_FOR_EACH_QTYPE(w->type, NM_MATMUL_Q);
+#undef NM_MATMUL_Q
+}
+
+void nm_matmul_swiglu_avx512vnni_forward(const nm_mat *wg, const nm_mat *wu, const float *x,
+                                         int64_t ldx, int64_t m, float *h, int64_t ldh, float *u,
+                                         int64_t ldu, int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= wg->n);
+    if (m <= 0 || j0 == j1) return;
+    if (nm_matmul_avx512vnni_quantises(wg->type) && nm_matmul_fusable(wg, wu)) {
+        matmul_any(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+        return;
+    }
+    nm_matmul_swiglu_by(nm_matmul_avx512vnni_forward, wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+}
+
 void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                   int64_t ldy, int64_t j0, int64_t j1) {
     NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
     switch (w->type) {
     case NM_DTYPE_Q8_0:
-        matmul_q(NM_DTYPE_Q8_0, w, x, ldx, m, y, ldy, j0, j1);
-        return;
     case NM_DTYPE_Q4_0:
-        matmul_q(NM_DTYPE_Q4_0, w, x, ldx, m, y, ldy, j0, j1);
-        return;
     case NM_DTYPE_Q4_K:
-        matmul_q(NM_DTYPE_Q4_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
     case NM_DTYPE_Q5_K:
-        matmul_q(NM_DTYPE_Q5_K, w, x, ldx, m, y, ldy, j0, j1);
-        return;
     case NM_DTYPE_Q6_K:
-        matmul_q(NM_DTYPE_Q6_K, w, x, ldx, m, y, ldy, j0, j1);
+        matmul_any(w, NULL, x, ldx, m, y, ldy, NULL, 0, j0, j1);
         return;
     case NM_DTYPE_BF16:
         nm_matmul_avx512bf16_forward(w, x, ldx, m, y, ldy, j0, j1);

@@ -466,6 +466,31 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
  * from k0: lane c is row jl + c; a whole group of the panel16 layout (rows
  * below n_grouped), of which [j, je) are wanted, or the file's rows [j, je)
  * (je <= j1); cmask: the wanted lanes; wj: row jl in w. */
+/* CALL(T) for the quantised type `type` with T a constant, so that an
+ * always-inline kernel is specialised per type; other types assert. */
+#define NM_VNNI_FOR_EACH_QTYPE(type, CALL)                                                         \
+    do {                                                                                           \
+        switch (type) {                                                                            \
+        case NM_DTYPE_Q8_0:                                                                        \
+            CALL(NM_DTYPE_Q8_0);                                                                   \
+            break;                                                                                 \
+        case NM_DTYPE_Q4_0:                                                                        \
+            CALL(NM_DTYPE_Q4_0);                                                                   \
+            break;                                                                                 \
+        case NM_DTYPE_Q4_K:                                                                        \
+            CALL(NM_DTYPE_Q4_K);                                                                   \
+            break;                                                                                 \
+        case NM_DTYPE_Q5_K:                                                                        \
+            CALL(NM_DTYPE_Q5_K);                                                                   \
+            break;                                                                                 \
+        case NM_DTYPE_Q6_K:                                                                        \
+            CALL(NM_DTYPE_Q6_K);                                                                   \
+            break;                                                                                 \
+        default:                                                                                   \
+            NM_ASSERT(!"not a type the int8 kernels quantise for");                                \
+        }                                                                                          \
+    } while (0)
+
 typedef struct wrows {
     int64_t jl, je;
     __mmask16 cmask;
