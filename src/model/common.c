@@ -311,3 +311,34 @@ nm_status nm_model_load_weights(nm_model *m, const nm_weight_spec *spec, nm_erro
         if ((st = load_layer(m, spec, il, err))) return st;
     return NM_OK;
 }
+
+/* ggml's YaRN defaults, which llama.cpp keeps (the files have no keys) */
+static const float YARN_BETA_FAST = 32.0f, YARN_BETA_SLOW = 1.0f;
+
+nm_status nm_model_rope_scaling(nm_model *m, float *factor_out, nm_error *err) {
+    nm_hparams *hp = &m->hp;
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
+    nm_gguf_str type = {"none", 4};
+    nm_status st;
+    if (nm_gguf_find(m->gguf, key) && (st = nm_gguf_get_str(m->gguf, key, &type, err))) return st;
+    const bool yarn = nm_gguf_str_eq(type, "yarn"), linear = nm_gguf_str_eq(type, "linear");
+    if (!yarn && !linear && !nm_gguf_str_eq(type, "none"))
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "%s = '%.*s': only none, linear and yarn are "
+                         "supported",
+                         key, (int)(type.len < 64 ? type.len : 64), type.ptr);
+    float factor = 0.0f;
+    if ((st = nm_model_hparam_f32(m, "rope.scaling.factor", false, &factor, err))) return st;
+    if (factor == 0.0f) factor = 1.0f; /* absent or 0: no scaling, as llama.cpp reads it */
+    if (!(factor >= 1.0f && factor <= 1e6f))
+        return nm_errorf(err, NM_ERR_FORMAT, "%s.rope.scaling.factor %g is not in [1, 1e6]",
+                         m->arch->name, (double)factor);
+    hp->rope_scaled = (yarn || linear) && factor != 1.0f;
+    if (factor_out) *factor_out = hp->rope_scaled ? factor : 1.0f;
+    if (!hp->rope_scaled) return NM_OK;
+    hp->rope_yarn = nm_rope_yarn_make(hp->n_rot, hp->n_ctx_orig, hp->rope_freq_base, factor,
+                                      YARN_BETA_FAST, YARN_BETA_SLOW);
+    if (linear) hp->rope_yarn.ext_factor = 0.0f;
+    return NM_OK;
+}

@@ -158,6 +158,12 @@ struct nm_model {
 
 /* ---- helpers for adapters (model.c) ---- */
 
+/* <arch>.rope.scaling.type ("none", "linear": angles / factor, "yarn": as
+ * ggml's rope_ext with beta_fast 32, beta_slow 1) and .factor into
+ * hp.rope_scaled and hp.rope_yarn; *factor_out (may be NULL): the factor in
+ * use, 1 without scaling. */
+nm_status nm_model_rope_scaling(nm_model *m, float *factor_out, nm_error *err);
+
 /* Reads "<arch>.<suffix>" as int32/float; required ones fail with a message
  * naming the key, optional ones keep *out when the key is absent. */
 nm_status nm_model_hparam_i32(const nm_model *m, const char *suffix, bool required, int32_t *out,

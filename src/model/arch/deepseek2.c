@@ -18,32 +18,14 @@
 #include <stdio.h>
 #include <string.h>
 
-/* rope.scaling.type: absent or "none" (no scaling), "linear", "yarn". */
+/* RoPE scaling (nm_model_rope_scaling) and the q.k scale with its YaRN
+ * correction. */
 static nm_status rope_scaling(nm_model *m, nm_error *err) {
     nm_hparams *hp = &m->hp;
-    nm_gguf_str type = {"none", 4};
-    nm_status st;
-    if (nm_gguf_find(m->gguf, "deepseek2.rope.scaling.type") &&
-        (st = nm_gguf_get_str(m->gguf, "deepseek2.rope.scaling.type", &type, err)))
-        return st;
-    float factor = 0.0f;
-    if ((st = nm_model_hparam_f32(m, "rope.scaling.factor", false, &factor, err))) return st;
-    if (!(factor == 0.0f || (factor >= 1.0f && factor < 1e6f)))
-        return nm_errorf(err, NM_ERR_FORMAT, "deepseek2.rope.scaling.factor %g is not in [1, 1e6)",
-                         (double)factor);
-    const bool yarn = nm_gguf_str_eq(type, "yarn"), linear = nm_gguf_str_eq(type, "linear");
-    if (!yarn && !linear && !nm_gguf_str_eq(type, "none"))
-        return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "deepseek2.rope.scaling.type '%.*s' is not supported (none, linear, yarn)",
-                         (int)(type.len > 32 ? 32 : type.len), type.ptr);
-    const float fs = (yarn || linear) && factor != 0.0f ? 1.0f / factor : 1.0f;
-    hp->rope_scaled = fs != 1.0f || yarn;
-    if (hp->rope_scaled) {
-        /* beta_fast 32, beta_slow 1: llama.cpp's defaults; the file has no keys */
-        hp->rope_yarn = nm_rope_yarn_make(hp->n_rot, hp->n_ctx_orig, hp->rope_freq_base,
-                                          1.0f / fs, 32.0f, 1.0f);
-        if (!yarn) hp->rope_yarn.ext_factor = 0.0f;
-    }
+    float factor = 1.0f;
+    nm_status st = nm_model_rope_scaling(m, &factor, err);
+    if (st) return st;
+    const float fs = 1.0f / factor;
     /* llama.cpp's deepseek2 graph: the file's attn_factor and the log
      * multiplier make the q.k scale; RoPE's own magnitude is
      * 1 / (1 + 0.1 ln(1 / freq_scale)), which YaRN's rope multiplies back */

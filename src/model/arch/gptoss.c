@@ -18,37 +18,6 @@
  * sliding layers are those with il % 2 == 0 */
 static const float SWIGLU_ALPHA = 1.702f, SWIGLU_LIMIT = 7.0f;
 enum { SWA_PATTERN = 2 };
-/* ggml's YaRN defaults, which llama.cpp keeps for gpt-oss */
-static const float YARN_BETA_FAST = 32.0f, YARN_BETA_SLOW = 1.0f;
-
-/* rope.scaling.type and .factor: none, linear (angles / factor) or yarn. */
-static nm_status load_rope_scaling(nm_model *m, nm_error *err) {
-    nm_hparams *hp = &m->hp;
-    char key[96];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
-    nm_gguf_str type = {"none", 4};
-    nm_status st;
-    if (nm_gguf_find(m->gguf, key) && (st = nm_gguf_get_str(m->gguf, key, &type, err))) return st;
-    const bool yarn = nm_gguf_str_eq(type, "yarn"), linear = nm_gguf_str_eq(type, "linear");
-    if (!yarn && !linear && !nm_gguf_str_eq(type, "none"))
-        return nm_errorf(err, NM_ERR_UNSUPPORTED,
-                         "%s = '%.*s': only none, linear and yarn are "
-                         "supported",
-                         key, (int)(type.len < 64 ? type.len : 64), type.ptr);
-    float factor = 0.0f;
-    if ((st = nm_model_hparam_f32(m, "rope.scaling.factor", false, &factor, err))) return st;
-    if (factor == 0.0f) factor = 1.0f; /* absent or 0: no scaling, as llama.cpp reads it */
-    if (!(factor >= 1.0f && factor <= 1e6f))
-        return nm_errorf(err, NM_ERR_FORMAT, "%s.rope.scaling.factor %g is not in [1, 1e6]",
-                         m->arch->name, (double)factor);
-    hp->rope_scaled = (yarn || linear) && factor != 1.0f;
-    if (!hp->rope_scaled) return NM_OK;
-    hp->rope_yarn = nm_rope_yarn_make(hp->n_rot, hp->n_ctx_orig, hp->rope_freq_base, factor,
-                                      YARN_BETA_FAST, YARN_BETA_SLOW);
-    if (linear) hp->rope_yarn.ext_factor = 0.0f;
-    return NM_OK;
-}
-
 static nm_status load(nm_model *m, nm_error *err) {
     nm_hparams *hp = &m->hp;
     hp->norm = NM_NORM_RMS;
@@ -59,7 +28,7 @@ static nm_status load(nm_model *m, nm_error *err) {
         nm_model_hparam_f32(m, "rope.scaling.attn_factor", false, &hp->rope_attn_factor, err);
     if (st == NM_OK) st = nm_model_load_hparams(m, err);
     if (st == NM_OK) st = nm_model_hparam_i32(m, "attention.sliding_window", true, &hp->n_swa, err);
-    if (st == NM_OK) st = load_rope_scaling(m, err);
+    if (st == NM_OK) st = nm_model_rope_scaling(m, NULL, err);
     if (st != NM_OK) return st;
     if (hp->n_swa < 1 || hp->n_swa > (1 << 30))
         return nm_errorf(err, NM_ERR_FORMAT, "%s.attention.sliding_window = %d is not in [1, %d]",
