@@ -160,11 +160,7 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
         /* a static prefill may have left the prompt's K/V on a device
          * (one that failed copying them: its error, naming the session) */
         nm_status st = nm_engine_state_kv_to_host(m, sessions[i]->state, b->pos[i], err);
-        if (st != NM_OK) {
-            char what[32];
-            snprintf(what, sizeof what, "session %d", i);
-            return nm_error_prefix(err, what);
-        }
+        if (st != NM_OK) return nm_error_prefix(err, "session %d", i);
     }
     const nm_model_batch mb = {.pool = b->pool,
                                .n_rows = n,
