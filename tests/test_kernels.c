@@ -1,10 +1,11 @@
 /* The reference kernels against closed forms and double-precision sums:
  * half/bfloat16 conversions, matmul for F32/F16/BF16 at awkward sizes and
  * for Q4_0/Q4_K/Q5_K/Q6_K weights encoded here from known codes,
- * RMSNorm, NeoX RoPE, softmax, SwiGLU, attention; and the thread pool. */
+ * RMSNorm, NeoX RoPE, softmax, SwiGLU, attention (and the blocked attention
+ * of every variant against the reference); and the thread pool. */
 #include "harness.h"
 
-#include "kernels/kernels.h"
+#include "kernels/kernels-impl.h"
 #include "tensor/tensor.h"
 #include "threads/threads.h"
 
@@ -426,6 +427,109 @@ static void test_attention(void) {
     CHECK(out[0] == v[(T - 1) * NKV * HD] && out[HD * 2 + 1] == v[(T - 1) * NKV * HD + HD + 1]);
 }
 
+/* One random case of nm_attention_rows_forward (F32 or F16 cache) under the
+ * variant in use against the reference a row at a time: n_rows rows after
+ * n_past cached positions, each with its own causal end, an optional
+ * sliding window and optional sinks. Each row must also have the bits of
+ * nm_attention_forward for that row alone. */
+static void check_attention_rows(int n_head_kv, int group, int hd, int n_rows, int n_past,
+                                 int window, bool sinks_on, bool half, float scale) {
+    const int n_head = n_head_kv * group, n_pos = n_past + n_rows;
+    const int64_t stride = (int64_t)n_head_kv * hd, q_dim = (int64_t)n_head * hd;
+    float *q = malloc((size_t)n_rows * (size_t)q_dim * sizeof(float));
+    float *k = malloc((size_t)n_pos * (size_t)stride * sizeof(float));
+    float *v = malloc((size_t)n_pos * (size_t)stride * sizeof(float));
+    uint16_t *kh = malloc((size_t)n_pos * (size_t)stride * sizeof(uint16_t));
+    uint16_t *vh = malloc((size_t)n_pos * (size_t)stride * sizeof(uint16_t));
+    float *out = malloc((size_t)n_rows * (size_t)q_dim * sizeof(float));
+    float *one = malloc((size_t)q_dim * sizeof(float));
+    float *ref = malloc((size_t)q_dim * sizeof(float));
+    float *scores = malloc((size_t)n_pos * sizeof(float));
+    float sinks[64];
+    int32_t kv0[64], n_kv[64];
+    for (int64_t i = 0; i < (int64_t)n_rows * q_dim; i++)
+        q[i] = frand();
+    for (int64_t i = 0; i < (int64_t)n_pos * stride; i++) {
+        k[i] = frand(), v[i] = frand();
+        kh[i] = nm_f32_to_f16(k[i]), vh[i] = nm_f32_to_f16(v[i]);
+    }
+    for (int h = 0; h < n_head; h++)
+        sinks[h] = 2 * frand();
+    for (int r = 0; r < n_rows; r++) {
+        n_kv[r] = n_past + r + 1;
+        kv0[r] = window > 0 && n_kv[r] > window ? n_kv[r] - window : 0;
+    }
+    const float *sk = sinks_on ? sinks : NULL;
+    if (half)
+        nm_attention_rows_f16_forward(q, q_dim, kh, vh, stride, kv0, n_kv, n_rows, n_head,
+                                      n_head_kv, hd, scale, sk, out, q_dim, scores);
+    else
+        nm_attention_rows_forward(q, q_dim, k, v, stride, kv0, n_kv, n_rows, n_head, n_head_kv, hd,
+                                  scale, sk, out, q_dim, scores);
+    int same = 1, close = 1;
+    for (int r = 0; r < n_rows; r++) {
+        const float *qr = q + r * q_dim, *o = out + r * q_dim;
+        const size_t off = (size_t)kv0[r] * (size_t)stride;
+        const int32_t t = n_kv[r] - kv0[r];
+        if (half) {
+            nm_attention_f16_ref_forward(qr, kh + off, vh + off, stride, t, n_head, n_head_kv, hd,
+                                         scale, sk, ref, scores);
+            nm_attention_f16_forward(qr, kh, vh, stride, kv0[r], n_kv[r], n_head, n_head_kv, hd,
+                                     scale, sk, one, scores);
+        } else {
+            nm_attention_ref_forward(qr, k + off, v + off, stride, t, n_head, n_head_kv, hd, scale,
+                                     sk, ref, scores);
+            nm_attention_forward(qr, k, v, stride, kv0[r], n_kv[r], n_head, n_head_kv, hd, scale,
+                                 sk, one, scores);
+        }
+        same &= memcmp(o, one, (size_t)q_dim * sizeof(float)) == 0;
+        /* outputs are averages of values in [-1, 1]: float sums of hd and
+         * t terms, and exp within a few ulp */
+        const double tol = 1e-6 * (4 + hd + t);
+        double worst = 0;
+        for (int64_t i = 0; i < q_dim; i++)
+            if (!(fabs(o[i] - ref[i]) <= worst)) worst = fabs(o[i] - ref[i]);
+        if (!(worst <= tol)) {
+            close = 0;
+            fprintf(stderr,
+                    "%s attention rows: %d/%d heads x %d, row %d of %d after %d, window %d, "
+                    "sinks %d, %s: max diff %.3g > %.3g\n",
+                    nm_kernels_isa_name(nm_kernels_active()), n_head, n_head_kv, hd, r, n_rows,
+                    n_past, window, sinks_on, half ? "f16" : "f32", worst, tol);
+            break;
+        }
+    }
+    CHECK(close);
+    CHECK(same);
+    free(q), free(k), free(v), free(kh), free(vh), free(out), free(one), free(ref), free(scores);
+}
+
+/* The blocked attention (and the reference where it does not run) over
+ * random shapes under every variant this CPU runs: GQA groups of 1 to 16,
+ * head sizes that are and are not multiples of 8 or 16 (and one past
+ * NM_ATTENTION_HEAD_DIM_MAX), rows of different lengths crossing the key
+ * blocks, windows, sinks, F32 and F16 caches, and sharp softmaxes whose
+ * maximum moves from block to block. */
+static void test_attention_rows(void) {
+    const nm_kernels_isa was = nm_kernels_active();
+    static const int hds[] = {16, 64, 128, 256, 8, 40, 72, 100, 7, 1, 520};
+    static const int groups[] = {1, 2, 3, 8, 16};
+    for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
+        if (!nm_kernels_force((nm_kernels_isa)isa)) continue;
+        for (int c = 0; c < 40; c++) {
+            const int hd = hds[c % 11], group = groups[(c / 3) % 5];
+            const int n_head_kv = 1 + c % 3, n_rows = 1 + (c * 7) % 20;
+            const int n_past = (c * 37) % 90, window = c % 4 == 1 ? 1 + (c * 13) % 40 : 0;
+            const bool sinks_on = c % 5 == 2, half = c % 2 == 1;
+            /* every fourth case sharp: scores up to about 4 * sqrt(hd) */
+            const float scale = (c % 4 == 3 ? 12.0f : 1.0f) / sqrtf((float)hd);
+            check_attention_rows(n_head_kv, group, hd, n_rows, n_past, window, sinks_on, half,
+                                 scale);
+        }
+    }
+    CHECK(nm_kernels_force(was));
+}
+
 typedef struct pool_ctx {
     atomic_int hits[1000];
     atomic_int threads_seen;
@@ -471,6 +575,7 @@ int main(void) {
     test_rope_yarn();
     test_glu_sink();
     test_attention();
+    test_attention_rows();
     test_pool();
     return nm_test_finish("test_kernels");
 }

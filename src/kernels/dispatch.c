@@ -288,42 +288,85 @@ void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x
     nm_matmul_swiglu_by(nm_matmul_forward, wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
 }
 
-/* The window is an offset into the cache: the kernels see positions kv0
- * .. n_kv - 1 as their 0 .. n_kv - kv0 - 1. */
+/* Whether the blocked attention (x86/attention.c) runs: under avx2 and
+ * every AVX-512 variant, for the head sizes its stack scratch holds. */
+static bool blocked_attention(int head_dim) {
+#if defined(__x86_64__)
+    return nm_kernels_active() >= NM_KERNELS_AVX2 && head_dim <= NM_ATTENTION_HEAD_DIM_MAX;
+#else
+    (void)head_dim;
+    return false;
+#endif
+}
+
+/* The reference, a row at a time: the window is an offset into the cache,
+ * where it sees positions kv0 .. n_kv - 1 as its 0 .. n_kv - kv0 - 1. */
+static void rows_ref(const float *q, int64_t ldq, const void *k_cache, const void *v_cache,
+                     bool half, int64_t kv_stride, const int32_t *kv0, const int32_t *n_kv,
+                     int32_t n_rows, int n_head, int n_head_kv, int head_dim, float scale,
+                     const float *sinks, float *out, int64_t ldo, float *scores) {
+    for (int32_t r = 0; r < n_rows; r++) {
+        NM_ASSERT(kv0[r] >= 0 && kv0[r] < n_kv[r]);
+        const size_t off = (size_t)kv0[r] * (size_t)kv_stride;
+        if (half)
+            nm_attention_f16_ref_forward(q + r * ldq, (const uint16_t *)k_cache + off,
+                                         (const uint16_t *)v_cache + off, kv_stride,
+                                         n_kv[r] - kv0[r], n_head, n_head_kv, head_dim, scale,
+                                         sinks, out + r * ldo, scores);
+        else
+            nm_attention_ref_forward(
+                q + r * ldq, (const float *)k_cache + off, (const float *)v_cache + off, kv_stride,
+                n_kv[r] - kv0[r], n_head, n_head_kv, head_dim, scale, sinks, out + r * ldo, scores);
+    }
+}
+
+/* A float (half false) or F16 cache: the blocked kernel where it runs,
+ * else the reference. */
+static void attention_rows(const float *q, int64_t ldq, const void *k_cache, const void *v_cache,
+                           bool half, int64_t kv_stride, const int32_t *kv0, const int32_t *n_kv,
+                           int32_t n_rows, int n_head, int n_head_kv, int head_dim, float scale,
+                           const float *sinks, float *out, int64_t ldo, float *scores) {
+#if defined(__x86_64__)
+    if (blocked_attention(head_dim)) {
+        nm_attention_blocked_forward(q, ldq, k_cache, v_cache, half, kv_stride, kv0, n_kv, n_rows,
+                                     n_head, n_head_kv, head_dim, scale, sinks, out, ldo);
+        return;
+    }
+#endif
+    rows_ref(q, ldq, k_cache, v_cache, half, kv_stride, kv0, n_kv, n_rows, n_head, n_head_kv,
+             head_dim, scale, sinks, out, ldo, scores);
+}
+
+void nm_attention_rows_forward(const float *q, int64_t ldq, const float *k_cache,
+                               const float *v_cache, int64_t kv_stride, const int32_t *kv0,
+                               const int32_t *n_kv, int32_t n_rows, int n_head, int n_head_kv,
+                               int head_dim, float scale, const float *sinks, float *out,
+                               int64_t ldo, float *scores) {
+    attention_rows(q, ldq, k_cache, v_cache, false, kv_stride, kv0, n_kv, n_rows, n_head, n_head_kv,
+                   head_dim, scale, sinks, out, ldo, scores);
+}
+
+void nm_attention_rows_f16_forward(const float *q, int64_t ldq, const uint16_t *k_cache,
+                                   const uint16_t *v_cache, int64_t kv_stride, const int32_t *kv0,
+                                   const int32_t *n_kv, int32_t n_rows, int n_head, int n_head_kv,
+                                   int head_dim, float scale, const float *sinks, float *out,
+                                   int64_t ldo, float *scores) {
+    attention_rows(q, ldq, k_cache, v_cache, true, kv_stride, kv0, n_kv, n_rows, n_head, n_head_kv,
+                   head_dim, scale, sinks, out, ldo, scores);
+}
+
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
                           int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head, int n_head_kv,
                           int head_dim, float scale, const float *sinks, float *out,
                           float *scores) {
-    NM_ASSERT(kv0 >= 0 && kv0 < n_kv);
-    k_cache += (size_t)kv0 * (size_t)kv_stride;
-    v_cache += (size_t)kv0 * (size_t)kv_stride;
-    n_kv -= kv0;
-#if defined(__x86_64__)
-    if (nm_kernels_active() >= NM_KERNELS_AVX512) { /* the AVX-512 variants share it */
-        nm_attention_avx512_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv,
-                                    head_dim, scale, sinks, out, scores);
-        return;
-    }
-#endif
-    nm_attention_ref_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv, head_dim,
-                             scale, sinks, out, scores);
+    nm_attention_rows_forward(q, 0, k_cache, v_cache, kv_stride, &kv0, &n_kv, 1, n_head, n_head_kv,
+                              head_dim, scale, sinks, out, 0, scores);
 }
 
 void nm_attention_f16_forward(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                               int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head,
                               int n_head_kv, int head_dim, float scale, const float *sinks,
                               float *out, float *scores) {
-    NM_ASSERT(kv0 >= 0 && kv0 < n_kv);
-    k_cache += (size_t)kv0 * (size_t)kv_stride;
-    v_cache += (size_t)kv0 * (size_t)kv_stride;
-    n_kv -= kv0;
-#if defined(__x86_64__)
-    if (nm_kernels_active() >= NM_KERNELS_AVX512) { /* the AVX-512 variants share it */
-        nm_attention_f16_avx512_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv,
-                                        head_dim, scale, sinks, out, scores);
-        return;
-    }
-#endif
-    nm_attention_f16_ref_forward(q, k_cache, v_cache, kv_stride, n_kv, n_head, n_head_kv, head_dim,
-                                 scale, sinks, out, scores);
+    nm_attention_rows_f16_forward(q, 0, k_cache, v_cache, kv_stride, &kv0, &n_kv, 1, n_head,
+                                  n_head_kv, head_dim, scale, sinks, out, 0, scores);
 }

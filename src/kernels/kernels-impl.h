@@ -149,14 +149,14 @@ void nm_matmul_swiglu_amx_hw_forward(const nm_mat *wg, const nm_mat *wu, const f
 void nm_matmul_swiglu_amx_emu_forward(const nm_mat *wg, const nm_mat *wu, const float *x,
                                       int64_t ldx, int64_t m, float *h, int64_t ldh, float *u,
                                       int64_t ldu, int64_t j0, int64_t j1);
-void nm_attention_avx512_forward(const float *q, const float *k_cache, const float *v_cache,
-                                 int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
-                                 int head_dim, float scale, const float *sinks, float *out,
-                                 float *scores);
-void nm_attention_f16_avx512_forward(const float *q, const uint16_t *k_cache,
-                                     const uint16_t *v_cache, int64_t kv_stride, int32_t n_kv,
-                                     int n_head, int n_head_kv, int head_dim, float scale,
-                                     const float *sinks, float *out, float *scores);
+/* x86/attention.c, for avx2 and every AVX-512 variant: the blocked
+ * attention behind nm_attention_rows_forward over a float or (half) F16
+ * cache; head_dim <= NM_ATTENTION_HEAD_DIM_MAX. */
+void nm_attention_blocked_forward(const float *q, int64_t ldq, const void *k_cache,
+                                  const void *v_cache, bool half, int64_t kv_stride,
+                                  const int32_t *kv0, const int32_t *n_kv, int32_t n_rows,
+                                  int n_head, int n_head_kv, int head_dim, float scale,
+                                  const float *sinks, float *out, int64_t ldo);
 #endif
 
 #endif /* NM_KERNELS_IMPL_H */

@@ -306,4 +306,29 @@ void nm_attention_f16_forward(const float *q, const uint16_t *k_cache, const uin
                               int n_head_kv, int head_dim, float scale, const float *sinks,
                               float *out, float *scores);
 
+/* nm_attention_forward for n_rows query rows of one sequence at once, over
+ * one cache: row r reads q + r * ldq, attends to positions kv0[r] ..
+ * n_kv[r] - 1 (each row its own causal end and window; the cache holds
+ * positions 0 .. max n_kv - 1) and writes out + r * ldo. scores: scratch
+ * [max(n_kv - kv0)] for the reference. The AVX2 and AVX-512 variants
+ * (head_dim <= NM_ATTENTION_HEAD_DIM_MAX; beyond it, the reference) stream
+ * the keys and values in blocks with an online softmax, the queries of a
+ * KV head side by side: a row's result is computed with the same
+ * operations whatever the other rows of the call, so it has the same bits
+ * as nm_attention_forward's for that row alone. */
+void nm_attention_rows_forward(const float *q, int64_t ldq, const float *k_cache,
+                               const float *v_cache, int64_t kv_stride, const int32_t *kv0,
+                               const int32_t *n_kv, int32_t n_rows, int n_head, int n_head_kv,
+                               int head_dim, float scale, const float *sinks, float *out,
+                               int64_t ldo, float *scores);
+/* nm_attention_rows_forward over an F16 cache. */
+void nm_attention_rows_f16_forward(const float *q, int64_t ldq, const uint16_t *k_cache,
+                                   const uint16_t *v_cache, int64_t kv_stride, const int32_t *kv0,
+                                   const int32_t *n_kv, int32_t n_rows, int n_head, int n_head_kv,
+                                   int head_dim, float scale, const float *sinks, float *out,
+                                   int64_t ldo, float *scores);
+/* The largest head_dim the blocked attention takes (its per-call scratch
+ * lives on the stack). */
+enum { NM_ATTENTION_HEAD_DIM_MAX = 512 };
+
 #endif /* NM_KERNELS_H */

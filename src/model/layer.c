@@ -51,14 +51,21 @@ void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_m
 
 /* ---- attention block ---- */
 
+/* Rows of one sequence are attended ATT_ROWS at a time (the blocked
+ * kernel puts the query heads of a KV head from all of them side by side);
+ * rows with caches of their own (b->kvs) one at a time. A row's result is
+ * the same whatever rows share its call. */
+enum { ATT_ROWS = 8 };
+
 typedef struct attention_ctx {
     const nm_hparams *hp;
     const nm_layer *l;
     const nm_model_batch *b;
     const nm_kv_view *kv;
+    int32_t rows_per_task;
 } attention_ctx;
 
-static void attention_task(void *p, int i, int thread) {
+static void attention_task(void *p, int task, int thread) {
     const attention_ctx *c = p;
     const nm_hparams *hp = c->hp;
     const nm_model_batch *b = c->b;
@@ -66,18 +73,26 @@ static void attention_task(void *p, int i, int thread) {
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
     float *scores = b->scores + (size_t)thread * (size_t)b->scores_stride;
-    const nm_kv_view *kv = b->kvs ? &b->kvs[i] : c->kv;
-    const int32_t n_kv = (b->pos ? b->pos[i] : b->n_past + i) + 1;
-    /* a sliding window keeps the last `window` keys, the query's own included */
-    const int32_t w = c->l->window, kv0 = w > 0 && n_kv > w ? n_kv - w : 0;
+    const int32_t i0 = task * c->rows_per_task;
+    const int32_t n = b->n_rows - i0 < c->rows_per_task ? b->n_rows - i0 : c->rows_per_task;
+    const nm_kv_view *kv = b->kvs ? &b->kvs[i0] : c->kv;
+    int32_t kv0[ATT_ROWS], n_kv[ATT_ROWS];
+    for (int32_t r = 0; r < n; r++) {
+        n_kv[r] = (b->pos ? b->pos[i0 + r] : b->n_past + i0 + r) + 1;
+        /* a sliding window keeps the last `window` keys, the query's own included */
+        const int32_t w = c->l->window;
+        kv0[r] = w > 0 && n_kv[r] > w ? n_kv[r] - w : 0;
+    }
+    const float *q = b->q + i0 * q_dim;
+    float *out = b->att + i0 * q_dim;
     if (kv->type == NM_KV_F16)
-        nm_attention_f16_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, kv0, n_kv, hp->n_head,
-                                 hp->n_head_kv, hp->head_dim, scale, c->l->sinks,
-                                 b->att + i * q_dim, scores);
+        nm_attention_rows_f16_forward(q, q_dim, kv->k, kv->v, kv_dim, kv0, n_kv, n, hp->n_head,
+                                      hp->n_head_kv, hp->head_dim, scale, c->l->sinks, out, q_dim,
+                                      scores);
     else
-        nm_attention_forward(b->q + i * q_dim, kv->k, kv->v, kv_dim, kv0, n_kv, hp->n_head,
-                             hp->n_head_kv, hp->head_dim, scale, c->l->sinks, b->att + i * q_dim,
-                             scores);
+        nm_attention_rows_forward(q, q_dim, kv->k, kv->v, kv_dim, kv0, n_kv, n, hp->n_head,
+                                  hp->n_head_kv, hp->head_dim, scale, c->l->sinks, out, q_dim,
+                                  scores);
 }
 
 bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
@@ -144,8 +159,9 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
             v_half[i] = nm_f32_to_f16(v_new[i]);
         }
     }
-    attention_ctx c = {.hp = hp, .l = l, .b = b, .kv = kv};
-    nm_pool_run(b->pool, attention_task, &c, n);
+    const int32_t per_task = rows ? 1 : ATT_ROWS;
+    attention_ctx c = {.hp = hp, .l = l, .b = b, .kv = kv, .rows_per_task = per_task};
+    nm_pool_run(b->pool, attention_task, &c, (n + per_task - 1) / per_task);
     if (!tap(b, il, "kqv_out", b->att, q_dim)) return false;
     compat_round_input(m, &l->wo, b->att, (int64_t)n * q_dim);
     matmul(b->pool, &l->wo, b->att, q_dim, n, b->proj, d);

@@ -82,31 +82,42 @@ static void absorb_task(void *p, int h, int thread) {
     }
 }
 
+/* Rows of one sequence are attended ATTEND_ROWS at a time, rows with
+ * caches of their own (b->kvs) one at a time; a row's result is the same
+ * whatever rows share its call. */
+enum { ATTEND_ROWS = 4 };
+
 typedef struct attend_ctx {
     const nm_hparams *hp;
     const nm_model_batch *b;
     const nm_kv_view *kv;
     mla_dims dd;
+    int32_t rows_per_task;
 } attend_ctx;
 
-/* Row i: every head against the cache as one shared key/value head of
- * width lat (values = the same rows; the k_pe part of the output is
- * unused). */
-static void attend_task(void *p, int i, int thread) {
+/* Rows of a task: every head against the cache as one shared key/value
+ * head of width lat (values = the same rows; the k_pe part of the output
+ * is unused). */
+static void attend_task(void *p, int task, int thread) {
     const attend_ctx *c = p;
     const nm_model_batch *b = c->b;
     const int64_t w = (int64_t)c->hp->n_head * c->dd.lat;
     float *scores = b->scores + (size_t)thread * (size_t)b->scores_stride;
-    const nm_kv_view *kv = b->kvs ? &b->kvs[i] : c->kv;
-    const int32_t n_kv = (b->pos ? b->pos[i] : b->n_past + i) + 1;
+    const int32_t i0 = task * c->rows_per_task;
+    const int32_t n = b->n_rows - i0 < c->rows_per_task ? b->n_rows - i0 : c->rows_per_task;
+    const nm_kv_view *kv = b->kvs ? &b->kvs[i0] : c->kv;
+    int32_t kv0[ATTEND_ROWS] = {0}, n_kv[ATTEND_ROWS];
+    for (int32_t r = 0; r < n; r++)
+        n_kv[r] = (b->pos ? b->pos[i0 + r] : b->n_past + i0 + r) + 1;
     const int lat = (int)c->dd.lat;
     const float scale = c->hp->attn_scale;
     if (kv->type == NM_KV_F16)
-        nm_attention_f16_forward(b->q + i * w, kv->k, kv->k, lat, 0, n_kv, c->hp->n_head, 1, lat,
-                                 scale, NULL, b->att + i * w, scores);
+        nm_attention_rows_f16_forward(b->q + i0 * w, w, kv->k, kv->k, lat, kv0, n_kv, n,
+                                      c->hp->n_head, 1, lat, scale, NULL, b->att + i0 * w, w,
+                                      scores);
     else
-        nm_attention_forward(b->q + i * w, kv->k, kv->k, lat, 0, n_kv, c->hp->n_head, 1, lat,
-                             scale, NULL, b->att + i * w, scores);
+        nm_attention_rows_forward(b->q + i0 * w, w, kv->k, kv->k, lat, kv0, n_kv, n, c->hp->n_head,
+                                  1, lat, scale, NULL, b->att + i0 * w, w, scores);
 }
 
 bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch *b,
@@ -168,8 +179,9 @@ bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch 
         for (int64_t i = 0; i < (int64_t)n * dd.lat; i++)
             k_half[i] = nm_f32_to_f16(kv_new[i]);
     }
-    attend_ctx c = {.hp = hp, .b = b, .kv = kv, .dd = dd};
-    nm_pool_run(b->pool, attend_task, &c, n);
+    const int32_t per_task = rows ? 1 : ATTEND_ROWS;
+    attend_ctx c = {.hp = hp, .b = b, .kv = kv, .dd = dd, .rows_per_task = per_task};
+    nm_pool_run(b->pool, attend_task, &c, (n + per_task - 1) / per_task);
     /* v per head from its latent output: [n][n_head][v] into q */
     for (int h = 0; h < n_head; h++) {
         const nm_mat wv = kvb_rows(l, &dd, h, true);

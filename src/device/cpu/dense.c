@@ -104,20 +104,31 @@ static void qk_task(void *p, int t, int thread) {
     }
 }
 
-static void attention_task(void *p, int t, int thread) {
+/* Rows are attended ATT_ROWS at a time: the kernel puts the query heads of
+ * a KV head from all of them side by side, and a row's result is the same
+ * whatever rows share its call. */
+enum { ATT_ROWS = 8 };
+
+static void attention_task(void *p, int task, int thread) {
     const nm_cpu_dense *g = p;
     const nm_dense_spec *s = &g->spec;
     float *scores = g->scores + (size_t)thread * (size_t)s->n_pos;
-    const float *qt = g->q + (size_t)t * g->q_dim;
-    float *out = g->att + (size_t)t * g->q_dim;
-    const int32_t n_kv = g->pos + t + 1;
+    const int32_t t0 = task * ATT_ROWS;
+    const int32_t n = s->rows - t0 < ATT_ROWS ? s->rows - t0 : ATT_ROWS;
+    const float *qt = g->q + (size_t)t0 * g->q_dim;
+    float *out = g->att + (size_t)t0 * g->q_dim;
+    int32_t kv0[ATT_ROWS] = {0}, n_kv[ATT_ROWS];
+    for (int32_t r = 0; r < n; r++)
+        n_kv[r] = g->pos + t0 + r + 1;
     if (s->kv_type == NM_KV_F16)
-        nm_attention_f16_forward(qt, g->k, g->v, g->kv_dim, 0, n_kv, s->n_head, s->n_head_kv,
-                                 s->head_dim, s->attn_scale, NULL, out, scores);
+        nm_attention_rows_f16_forward(qt, g->q_dim, g->k, g->v, g->kv_dim, kv0, n_kv, n, s->n_head,
+                                      s->n_head_kv, s->head_dim, s->attn_scale, NULL, out, g->q_dim,
+                                      scores);
     else
-        nm_attention_forward(qt, g->k, g->v, g->kv_dim, 0, n_kv, s->n_head, s->n_head_kv,
-                             s->head_dim, s->attn_scale, NULL, out, scores);
-    if (g->round_o) round_f16(out, g->q_dim);
+        nm_attention_rows_forward(qt, g->q_dim, g->k, g->v, g->kv_dim, kv0, n_kv, n, s->n_head,
+                                  s->n_head_kv, s->head_dim, s->attn_scale, NULL, out, g->q_dim,
+                                  scores);
+    if (g->round_o) round_f16(out, (int64_t)n * g->q_dim);
 }
 
 /* x_out = x + (Wo o + bo), and its ffn norm. */
@@ -143,7 +154,7 @@ void nm_cpu_dense_run(nm_cpu_dense *g, nm_pool *pool) {
     nm_matmul_parallel(pool, &s->wk, g->a, d, n, new_k(g, 0), g->kv_dim);
     nm_matmul_parallel(pool, &s->wv, g->a, d, n, new_v(g, 0), g->kv_dim);
     nm_pool_run(pool, qk_task, g, n);
-    nm_pool_run(pool, attention_task, g, n);
+    nm_pool_run(pool, attention_task, g, (n + ATT_ROWS - 1) / ATT_ROWS);
     nm_matmul_parallel(pool, &s->wo, g->att, g->q_dim, n, g->proj, d);
     nm_pool_run(pool, residual_task, g, n);
     nm_matmul_parallel(pool, &s->router, g->xn, d, n, g->logits, s->n_expert);
