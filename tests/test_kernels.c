@@ -528,6 +528,11 @@ static void test_attention_rows(void) {
         }
     }
     CHECK(nm_kernels_force(was));
+    /* rows per call: 32 queries per KV head, within 1 .. NM_ATTENTION_ROWS_MAX */
+    CHECK_INT_EQ(nm_attention_rows_per_call(32, 4), 4);
+    CHECK_INT_EQ(nm_attention_rows_per_call(16, 16), NM_ATTENTION_ROWS_MAX);
+    CHECK_INT_EQ(nm_attention_rows_per_call(128, 1), 1);
+    CHECK_INT_EQ(nm_attention_rows_per_call(12, 4), 10);
 }
 
 typedef struct pool_ctx {

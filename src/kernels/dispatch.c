@@ -355,6 +355,12 @@ void nm_attention_rows_f16_forward(const float *q, int64_t ldq, const uint16_t *
                    head_dim, scale, sinks, out, ldo, scores);
 }
 
+int32_t nm_attention_rows_per_call(int n_head, int n_head_kv) {
+    NM_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0);
+    const int32_t rows = 32 / (n_head / n_head_kv);
+    return rows < 1 ? 1 : rows > NM_ATTENTION_ROWS_MAX ? NM_ATTENTION_ROWS_MAX : rows;
+}
+
 void nm_attention_forward(const float *q, const float *k_cache, const float *v_cache,
                           int64_t kv_stride, int32_t kv0, int32_t n_kv, int n_head, int n_head_kv,
                           int head_dim, float scale, const float *sinks, float *out,

@@ -51,12 +51,6 @@ void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_m
 
 /* ---- attention block ---- */
 
-/* Rows of one sequence are attended ATT_ROWS at a time (the blocked
- * kernel puts the query heads of a KV head from all of them side by side);
- * rows with caches of their own (b->kvs) one at a time. A row's result is
- * the same whatever rows share its call. */
-enum { ATT_ROWS = 8 };
-
 typedef struct attention_ctx {
     const nm_hparams *hp;
     const nm_layer *l;
@@ -76,7 +70,7 @@ static void attention_task(void *p, int task, int thread) {
     const int32_t i0 = task * c->rows_per_task;
     const int32_t n = b->n_rows - i0 < c->rows_per_task ? b->n_rows - i0 : c->rows_per_task;
     const nm_kv_view *kv = b->kvs ? &b->kvs[i0] : c->kv;
-    int32_t kv0[ATT_ROWS], n_kv[ATT_ROWS];
+    int32_t kv0[NM_ATTENTION_ROWS_MAX], n_kv[NM_ATTENTION_ROWS_MAX];
     for (int32_t r = 0; r < n; r++) {
         n_kv[r] = (b->pos ? b->pos[i0 + r] : b->n_past + i0 + r) + 1;
         /* a sliding window keeps the last `window` keys, the query's own included */
@@ -159,7 +153,10 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
             v_half[i] = nm_f32_to_f16(v_new[i]);
         }
     }
-    const int32_t per_task = rows ? 1 : ATT_ROWS;
+    /* rows of the sequence together (the kernel puts the query heads of a
+     * KV head from all of them side by side), rows with caches of their own
+     * one at a time: a row's bits are the same either way */
+    const int32_t per_task = rows ? 1 : nm_attention_rows_per_call(hp->n_head, hp->n_head_kv);
     attention_ctx c = {.hp = hp, .l = l, .b = b, .kv = kv, .rows_per_task = per_task};
     nm_pool_run(b->pool, attention_task, &c, (n + per_task - 1) / per_task);
     if (!tap(b, il, "kqv_out", b->att, q_dim)) return false;

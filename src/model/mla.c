@@ -82,11 +82,6 @@ static void absorb_task(void *p, int h, int thread) {
     }
 }
 
-/* Rows of one sequence are attended ATTEND_ROWS at a time, rows with
- * caches of their own (b->kvs) one at a time; a row's result is the same
- * whatever rows share its call. */
-enum { ATTEND_ROWS = 4 };
-
 typedef struct attend_ctx {
     const nm_hparams *hp;
     const nm_model_batch *b;
@@ -106,7 +101,7 @@ static void attend_task(void *p, int task, int thread) {
     const int32_t i0 = task * c->rows_per_task;
     const int32_t n = b->n_rows - i0 < c->rows_per_task ? b->n_rows - i0 : c->rows_per_task;
     const nm_kv_view *kv = b->kvs ? &b->kvs[i0] : c->kv;
-    int32_t kv0[ATTEND_ROWS] = {0}, n_kv[ATTEND_ROWS];
+    int32_t kv0[NM_ATTENTION_ROWS_MAX] = {0}, n_kv[NM_ATTENTION_ROWS_MAX];
     for (int32_t r = 0; r < n; r++)
         n_kv[r] = (b->pos ? b->pos[i0 + r] : b->n_past + i0 + r) + 1;
     const int lat = (int)c->dd.lat;
@@ -179,7 +174,8 @@ bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch 
         for (int64_t i = 0; i < (int64_t)n * dd.lat; i++)
             k_half[i] = nm_f32_to_f16(kv_new[i]);
     }
-    const int32_t per_task = rows ? 1 : ATTEND_ROWS;
+    /* rows with caches of their own one at a time (the same bits) */
+    const int32_t per_task = rows ? 1 : nm_attention_rows_per_call(n_head, 1);
     attend_ctx c = {.hp = hp, .b = b, .kv = kv, .dd = dd, .rows_per_task = per_task};
     nm_pool_run(b->pool, attend_task, &c, (n + per_task - 1) / per_task);
     /* v per head from its latent output: [n][n_head][v] into q */

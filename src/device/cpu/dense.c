@@ -104,20 +104,16 @@ static void qk_task(void *p, int t, int thread) {
     }
 }
 
-/* Rows are attended ATT_ROWS at a time: the kernel puts the query heads of
- * a KV head from all of them side by side, and a row's result is the same
- * whatever rows share its call. */
-enum { ATT_ROWS = 8 };
-
 static void attention_task(void *p, int task, int thread) {
     const nm_cpu_dense *g = p;
     const nm_dense_spec *s = &g->spec;
     float *scores = g->scores + (size_t)thread * (size_t)s->n_pos;
-    const int32_t t0 = task * ATT_ROWS;
-    const int32_t n = s->rows - t0 < ATT_ROWS ? s->rows - t0 : ATT_ROWS;
+    const int32_t per = nm_attention_rows_per_call(s->n_head, s->n_head_kv);
+    const int32_t t0 = task * per;
+    const int32_t n = s->rows - t0 < per ? s->rows - t0 : per;
     const float *qt = g->q + (size_t)t0 * g->q_dim;
     float *out = g->att + (size_t)t0 * g->q_dim;
-    int32_t kv0[ATT_ROWS] = {0}, n_kv[ATT_ROWS];
+    int32_t kv0[NM_ATTENTION_ROWS_MAX] = {0}, n_kv[NM_ATTENTION_ROWS_MAX];
     for (int32_t r = 0; r < n; r++)
         n_kv[r] = g->pos + t0 + r + 1;
     if (s->kv_type == NM_KV_F16)
@@ -154,7 +150,8 @@ void nm_cpu_dense_run(nm_cpu_dense *g, nm_pool *pool) {
     nm_matmul_parallel(pool, &s->wk, g->a, d, n, new_k(g, 0), g->kv_dim);
     nm_matmul_parallel(pool, &s->wv, g->a, d, n, new_v(g, 0), g->kv_dim);
     nm_pool_run(pool, qk_task, g, n);
-    nm_pool_run(pool, attention_task, g, (n + ATT_ROWS - 1) / ATT_ROWS);
+    const int32_t per = nm_attention_rows_per_call(s->n_head, s->n_head_kv);
+    nm_pool_run(pool, attention_task, g, (n + per - 1) / per);
     nm_matmul_parallel(pool, &s->wo, g->att, g->q_dim, n, g->proj, d);
     nm_pool_run(pool, residual_task, g, n);
     nm_matmul_parallel(pool, &s->router, g->xn, d, n, g->logits, s->n_expert);
