@@ -131,7 +131,8 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t l
  * xb (row stride ldb, zero-padded to a multiple of 32): the same values and
  * the same operations, without converting them again for every column. */
 ALWAYS_INLINE void tile_pre(int rt, int ct, const uint16_t *xb, int64_t ldb, const uint8_t *w,
-                            size_t row_bytes, int64_t k, float *y, int64_t ldy) {
+                            size_t row_bytes, int64_t k, float *y, int64_t ldy, const uint8_t *pf,
+                            size_t pf_step) {
     __m512 acc[RT_MAX][CT_MAX];
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
@@ -141,6 +142,10 @@ ALWAYS_INLINE void tile_pre(int rt, int ct, const uint16_t *xb, int64_t ldb, con
         __m512bh xv[RT_MAX];
         for (int r = 0; r < rt; r++)
             xv[r] = (__m512bh)_mm512_loadu_si512(xb + r * ldb + kk);
+        if (pf) /* pf_step bytes from pf per step of 32 */
+            for (size_t at = (size_t)(kk / 32) * pf_step / 64 * 64;
+                 at < (size_t)(kk / 32 + 1) * pf_step; at += 64)
+                _mm_prefetch((const char *)pf + at, _MM_HINT_T1);
         for (int c = 0; c < ct; c++) {
             const __m512bh wv = load_w32(NM_DTYPE_BF16, w + (size_t)c * row_bytes, kk, n_left);
             for (int r = 0; r < rt; r++)
@@ -151,19 +156,20 @@ ALWAYS_INLINE void tile_pre(int rt, int ct, const uint16_t *xb, int64_t ldb, con
 }
 
 ALWAYS_INLINE void tile_pre_rt(int rt, int ct, const uint16_t *xb, int64_t ldb, const uint8_t *w,
-                               size_t row_bytes, int64_t k, float *y, int64_t ldy) {
+                               size_t row_bytes, int64_t k, float *y, int64_t ldy,
+                               const uint8_t *pf, size_t pf_step) {
     switch (rt) {
     case 4:
-        tile_pre(4, ct, xb, ldb, w, row_bytes, k, y, ldy);
+        tile_pre(4, ct, xb, ldb, w, row_bytes, k, y, ldy, pf, pf_step);
         return;
     case 3:
-        tile_pre(3, ct, xb, ldb, w, row_bytes, k, y, ldy);
+        tile_pre(3, ct, xb, ldb, w, row_bytes, k, y, ldy, pf, pf_step);
         return;
     case 2:
-        tile_pre(2, ct, xb, ldb, w, row_bytes, k, y, ldy);
+        tile_pre(2, ct, xb, ldb, w, row_bytes, k, y, ldy, pf, pf_step);
         return;
     default:
-        tile_pre(1, ct, xb, ldb, w, row_bytes, k, y, ldy);
+        tile_pre(1, ct, xb, ldb, w, row_bytes, k, y, ldy, pf, pf_step);
         return;
     }
 }
@@ -200,7 +206,8 @@ ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, i
             for (int64_t kk = 0; kk < ldb; kk += 32)
                 _mm512_storeu_si512(xb + kk, (__m512i)load_x32(x + kk, k - kk));
             for (int64_t j = j0; j < j1; j++)
-                tile_pre(1, 1, xb, ldb, base + (size_t)j * rb_bytes, rb_bytes, k, y + j, ldy);
+                tile_pre(1, 1, xb, ldb, base + (size_t)j * rb_bytes, rb_bytes, k, y + j, ldy, NULL,
+                         0);
             return;
         }
         for (int64_t j = j0; j < j1; j++)
@@ -235,15 +242,32 @@ ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, i
                     wj = (const uint8_t *)panel;
                     wrb = (size_t)ldb * 2;
                 }
+                /* BF16 weights come from memory once per row block: the
+                 * row tiles fetch the next CT_MAX rows (contiguous) into
+                 * L2 meanwhile, tile t the t-th n_tiles-th of them, which
+                 * the hardware prefetchers, following CT_MAX short streams,
+                 * do late (one thread, 128 distinct 32 x 768 x 2048
+                 * matrices, least ms per matrix of 3 passes: 0.71-0.75
+                 * without, 0.58-0.69 with; 0.45 when they are in cache) */
+                const uint8_t *pf = type == NM_DTYPE_BF16 && j + 2 * CT_MAX <= j1
+                                        ? base + (size_t)(j + CT_MAX) * rb_bytes
+                                        : NULL;
+                const int64_t n_tiles = (i1 - i0 + RT_MAX - 1) / RT_MAX, n_steps = ldb / 32;
+                const size_t span = (CT_MAX * rb_bytes + (size_t)n_tiles - 1) / (size_t)n_tiles;
+                const size_t pf_step = (span + (size_t)n_steps - 1) / (size_t)n_steps;
                 for (int64_t i = i0; i < i1; i += RT_MAX) {
                     const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
                     const uint16_t *xi = xb + (i - i0) * ldb;
                     if (ct == CT_MAX) {
-                        tile_pre_rt(rt, CT_MAX, xi, ldb, wj, wrb, k, y + i * ldy + j, ldy);
+                        tile_pre_rt(rt, CT_MAX, xi, ldb, wj, wrb, k, y + i * ldy + j, ldy,
+                                    pf ? pf +
+                                             (size_t)((i - i0) / RT_MAX) * pf_step * (size_t)n_steps
+                                       : NULL,
+                                    pf_step);
                     } else {
                         for (int c = 0; c < ct; c++)
                             tile_pre_rt(rt, 1, xi, ldb, wj + (size_t)c * wrb, wrb, k,
-                                        y + i * ldy + j + c, ldy);
+                                        y + i * ldy + j + c, ldy, NULL, 0);
                     }
                 }
             }
