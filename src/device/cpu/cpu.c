@@ -89,13 +89,14 @@ static void ffn_gate_up_task(void *p, int i, int thread) {
     const float *x = g->in + s->row0 * dm;
     float *h = g->h + s->row0 * ff;
     float *u = g->u + s->row0 * ff;
+    if (nm_expert_weights_plain(&g->w)) {
+        /* one pass over the activations for both, as the engine's path */
+        nm_matmul_swiglu_forward(&s->gate, &s->up, x, dm, s->rows, h, ff, u, ff, j0, j1);
+        return;
+    }
     nm_matmul_forward(&s->gate, x, dm, s->rows, h, ff, j0, j1);
     nm_matmul_forward(&s->up, x, dm, s->rows, u, ff, j0, j1);
-    if (nm_expert_weights_plain(&g->w))
-        for (int64_t r = 0; r < s->rows; r++)
-            nm_swiglu_forward(h + r * ff + j0, u + r * ff + j0, h + r * ff + j0, j1 - j0);
-    else
-        nm_expert_glu_forward(&g->w, s->expert, h, u, ff, s->rows, j0, j1);
+    nm_expert_glu_forward(&g->w, s->expert, h, u, ff, s->rows, j0, j1);
 }
 
 /* Phase 2: down over the slot's rows for one tile of d_model columns. */

@@ -45,13 +45,16 @@ enum { XBUF_BYTES = 160 * 1024, KC_PANEL = 4096, KC_DIRECT = 65536 };
  * times one activation block (xr: its codes). */
 ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i aux,
                               const int8_t *xr, const xblock *xb, __m512 acc) {
-    /* Q6_K: one sum per half, each has its own scale */
+    /* Q6_K: one sum per half, each has its own scale; other types: two
+     * chains (even and odd t) added at the end, so that a unit waits for
+     * four vpdpbusd latencies, not eight (integer sums: the same bits) */
     const int halves = type == NM_DTYPE_Q6_K;
-    __m512i dots[2] = {_mm512_set1_epi32(xb->c), _mm512_set1_epi32(xb->c2)};
+    __m512i dots[2] = {_mm512_set1_epi32(xb->c),
+                       halves ? _mm512_set1_epi32(xb->c2) : _mm512_setzero_si512()};
     for (int t = 0; t < 8; t++) {
         int32_t x4;
         memcpy(&x4, xr + 4 * t, 4);
-        const int c = halves ? t / 4 : 0;
+        const int c = halves ? t / 4 : t % 2;
         dots[c] = _mm512_dpbusd_epi32(dots[c], q[t], _mm512_set1_epi32(x4));
     }
     __m512i dot;
@@ -60,7 +63,7 @@ ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i
         const __m512i s2 = _mm512_srai_epi32(aux, 16);
         dot = _mm512_add_epi32(_mm512_mullo_epi32(dots[0], s1), _mm512_mullo_epi32(dots[1], s2));
     } else {
-        dot = dots[0];
+        dot = _mm512_add_epi32(dots[0], dots[1]);
     }
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(xb->d)), acc);
     if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
@@ -72,21 +75,21 @@ ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i
  * Weights come from a panel, or from src (packed: the panel16 layout),
  * transposed in registers. acc starts at 0 for the first slice of K, else
  * from y (the partial sums of the slices before: a float stored and
- * reloaded is the same float). pf: the start of the next NC rows,
+ * reloaded is the same float). pf: where the lines to fetch into L2 start
+ * (part of the next NC rows), pf_fb of them per fetch g,
  * prefetched meanwhile (or NULL). */
 ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int packed,
                         const wsrc *src, const int8_t *xq, int64_t ldq, const xblock *xm,
                         int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first,
-                        const uint8_t *pf) {
+                        const uint8_t *pf, size_t pf_fb) {
     enum { G_MAX = NM_QK_K / QB };
     const int g_units = units_per_fetch(type);
-    const size_t fb = NC * fetch_bytes(type); /* bytes of the NC rows per fetch */
     __m512 acc[RT_MAX];
     for (int r = 0; r < rt; r++)
         acc[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
     for (int64_t g = 0; g < nb / g_units; g++) {
         if (pf)
-            for (size_t at = (size_t)g * fb / 64 * 64; at < (size_t)(g + 1) * fb; at += 64)
+            for (size_t at = (size_t)g * pf_fb / 64 * 64; at < (size_t)(g + 1) * pf_fb; at += 64)
                 _mm_prefetch((const char *)pf + at, _MM_HINT_T1); /* the lines of fetch g */
         if (g_units > 1 && !panel) {
             /* a K-quant super-block read here: scales once, then each
@@ -130,8 +133,9 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int pa
 ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, int packed,
                            const wsrc *src, const int8_t *xq, int64_t ldq, const xblock *xm,
                            int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask,
-                           int first, const uint8_t *pf) {
-#define NM_TILE(R) tile(type, R, panel, packed, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf)
+                           int first, const uint8_t *pf, size_t pf_fb) {
+#define NM_TILE(R)                                                                                 \
+    tile(type, R, panel, packed, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf, pf_fb)
     switch (rt) {
     case 6:
         NM_TILE(6);
@@ -161,17 +165,19 @@ ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, int
 ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, const wsrc *src,
                             const int8_t *xq, int64_t ldq, const xblock *xm, int64_t ldm,
                             int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first,
-                            const uint8_t *pf) {
-    if (panel)
-        tile_rt(type, rt, panel, 0, NULL, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
+                            const uint8_t *pf, size_t pf_fb) {
+    if (panel && pf)
+        tile_rt(type, rt, panel, 0, NULL, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf, pf_fb);
+    else if (panel)
+        tile_rt(type, rt, panel, 0, NULL, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL, pf_fb);
     else if (src->pk && pf)
-        tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
+        tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf, pf_fb);
     else if (src->pk)
-        tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
+        tile_rt(type, rt, NULL, 1, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL, pf_fb);
     else if (pf)
-        tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf);
+        tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf, pf_fb);
     else
-        tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL);
+        tile_rt(type, rt, NULL, 0, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, NULL, pf_fb);
 }
 
 /* Outputs [j, je) of w (one group of NC rows at most; returns je) for the
@@ -198,12 +204,26 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
      * ms into L1, 1.1-1.4 ms into L2; tg128 of the Q4_K_M model
      * of docs/PERFORMANCE.md, 2 threads, 56 tokens/s without,
      * 77-80 with, 73-78 with the prefetch two groups ahead. */
-    const uint8_t *pf = !use_panel && kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
+    /* A panel's row tiles prefetch the next NC rows too, each tile a
+     * part: from memory those rows otherwise arrive only as the next panel
+     * is filled (one thread, 128 distinct 32 x 768 x 2048 matrices, the
+     * least ms per matrix of 3 passes: Q8_0 0.49-0.51 without, 0.41-0.47
+     * with; Q4_K repacked 0.49-0.54 without, 0.42-0.46 with). */
+    const uint8_t *pf = kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
+    const int64_t n_tiles = (i1 - i0 + RT_MAX - 1) / RT_MAX;
+    const size_t fb = NC * fetch_bytes(type);
     if (use_panel) fill_panel(type, &src, kn / fetch_k, panel);
     for (int64_t i = i0; i < i1; i += RT_MAX) {
         const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
+        /* a panel's tiles share the next rows' lines, tile t the t-th
+         * n_tiles-th of each fetch's */
+        const int64_t t = (i - i0) / RT_MAX;
+        const size_t pf_fb = use_panel ? (fb + (size_t)n_tiles - 1) / (size_t)n_tiles : fb;
+        const uint8_t *pf_t = !pf         ? NULL
+                              : use_panel ? pf + (size_t)t * pf_fb * (size_t)(kn / fetch_k)
+                                          : pf;
         tile_src(type, rt, use_panel ? panel : NULL, &src, xq + (i - i0) * kn, kn,
-                 xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf);
+                 xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf_t, pf_fb);
     }
     return rows.je;
 }
