@@ -1,8 +1,9 @@
 /* The gpt-4o (o200k) pre-tokenizer against ik_llama.cpp (tests/vectors/
  * gpt4o-tokenizer/): the word boundaries of ik's own splitter on every
- * golden string, and a 4k BPE vocabulary whose tokenizer.ggml.pre is
- * "gpt-4o" loading with ik's defaults. Then a few splits worked out by
- * hand from the regex, so that a failure names the rule. */
+ * golden string, then the token ids llama-tokenize gave with a 4k BPE
+ * vocabulary whose tokenizer.ggml.pre is "gpt-4o", and the pieces of those
+ * ids giving the text back. Then a few splits worked out by hand from the
+ * regex, so that a failure names the rule. */
 #include "harness.h"
 
 #include "base/base.h"
@@ -13,6 +14,17 @@
 #include <string.h>
 
 #define DIR NM_SOURCE_DIR "/tests/vectors/gpt4o-tokenizer"
+
+static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap) {
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t k = nm_tokenizer_piece(tok, ids[i], true, len < cap ? out + len : NULL,
+                                       len < cap ? cap - len : 0);
+        if (k < 0) return (size_t)-1;
+        len += (size_t)k;
+    }
+    return len;
+}
 
 /* The byte lengths of the gpt-4o words of s[0..n), written to words (at
  * most cap); returns how many, or (size_t)-1 if there are more than cap. */
@@ -161,6 +173,9 @@ int main(void) {
         CHECK(!tok->ignore_merges);
         CHECK(!nm_tokenizer_add_bos(tok));
         CHECK_INT_EQ(check_split_goldens(DIR "/split.tsv"), 482);
+        int exact = 0;
+        CHECK_INT_EQ(nm_test_check_tokenize_tsv(tok, DIR "/tokenize.tsv", decode, &exact), 482);
+        printf("gpt-4o: %d lines tokenized as ik_llama.cpp does\n", exact);
     }
     nm_tokenizer_free(tok);
     nm_gguf_close(gguf);
