@@ -15,17 +15,6 @@
 
 #define DIR NM_SOURCE_DIR "/tests/vectors/gpt4o-tokenizer"
 
-static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap) {
-    size_t len = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t k = nm_tokenizer_piece(tok, ids[i], true, len < cap ? out + len : NULL,
-                                       len < cap ? cap - len : 0);
-        if (k < 0) return (size_t)-1;
-        len += (size_t)k;
-    }
-    return len;
-}
-
 /* The byte lengths of the gpt-4o words of s[0..n), written to words (at
  * most cap); returns how many, or (size_t)-1 if there are more than cap. */
 static size_t split_gpt4o(const char *s, size_t n, size_t *words, size_t cap) {
@@ -174,7 +163,8 @@ int main(void) {
         CHECK(!nm_tokenizer_add_bos(tok));
         CHECK_INT_EQ(check_split_goldens(DIR "/split.tsv"), 482);
         int exact = 0;
-        CHECK_INT_EQ(nm_test_check_tokenize_tsv(tok, DIR "/tokenize.tsv", decode, &exact), 482);
+        CHECK_INT_EQ(nm_test_check_tokenize_tsv(tok, DIR "/tokenize.tsv", nm_test_decode, &exact),
+                     482);
         printf("gpt-4o: %d lines tokenized as ik_llama.cpp does\n", exact);
     }
     nm_tokenizer_free(tok);
