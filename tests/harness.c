@@ -364,6 +364,18 @@ long nm_test_encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_b
     return (long)n_out;
 }
 
+size_t nm_test_decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out,
+                      size_t cap) {
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t k = nm_tokenizer_piece(tok, ids[i], true, len < cap ? out + len : NULL,
+                                       len < cap ? cap - len : 0);
+        if (k < 0) return (size_t)-1;
+        len += (size_t)k;
+    }
+    return len;
+}
+
 int nm_test_check_tokenize_tsv(const nm_tokenizer *tok, const char *tsv_path,
                                nm_test_decode_fn decode, int *n_exact) {
     size_t n_file = 0;

@@ -73,6 +73,10 @@ long nm_test_encode(const nm_tokenizer *tok, const char *s, size_t n, bool add_b
 typedef size_t (*nm_test_decode_fn)(const nm_tokenizer *tok, const int32_t *ids, size_t n,
                                     char *out, size_t cap);
 
+/* The pieces of n ids concatenated (special tokens rendered), as
+ * llama.cpp's detokenizer gives them to a byte-level BPE vocabulary. */
+size_t nm_test_decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap);
+
 /* Checks every line of a vectors *-tokenize.tsv: encoding the text (special
  * tokens parsed, BOS as the vocabulary says, as llama-tokenize ran) gives
  * llama.cpp's ids, and decode of those ids (after the BOS) gives the text

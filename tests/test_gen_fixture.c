@@ -312,6 +312,16 @@ static void test_determinism_and_types(void) {
 
 /* The vocab-only file: the golden model's tokenizer, no tensors; the copy in
  * models/ must be what the tool makes now. */
+/* Both files can be read and hold the same bytes. */
+static bool same_bytes(const char *path_a, const char *path_b) {
+    size_t na = 0, nb = 0;
+    unsigned char *a = nm_test_read_file(path_a, &na), *b = nm_test_read_file(path_b, &nb);
+    const bool same = a && b && na == nb && memcmp(a, b, na) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
 static void test_extract_vocab(void) {
     nm_gguf *v = generate("--extract-vocab '" GOLDEN "' --name 'Qwen3 4k vocab'", TMP "-v.gguf");
     nm_gguf *golden = NULL;
@@ -345,13 +355,69 @@ static void test_extract_vocab(void) {
     CHECK_INT_EQ(nm_gguf_n_kv(v), 2 + n_tokenizer);
     nm_gguf_close(v);
     nm_gguf_close(golden);
-    size_t na, nb;
-    unsigned char *a = nm_test_read_file(TMP "-v.gguf", &na);
-    unsigned char *b = nm_test_read_file(VOCAB, &nb);
-    CHECK(a && b && na == nb && memcmp(a, b, na) == 0);
-    free(a);
-    free(b);
+    CHECK(same_bytes(TMP "-v.gguf", VOCAB));
     remove(TMP "-v.gguf");
+}
+
+/* The generator run with args writes the bytes of the committed file. */
+static void check_remade(const char *args, const char *committed_path) {
+    nm_gguf_close(generate(args, TMP "-remade.gguf"));
+    CHECK(same_bytes(TMP "-remade.gguf", committed_path));
+    remove(TMP "-remade.gguf");
+}
+
+/* --pre and --n-vocab with --vocab: the committed gpt-4o test vocabulary
+ * remade with the command in tests/vectors/README.md gives the same bytes;
+ * a padded vocabulary keeps every copied entry and appends "[PAD<id>]"
+ * tokens of type UNUSED (5), as many as the embedding has rows. */
+static void test_pre_and_padding(void) {
+    check_remade("--extract-vocab '" VOCAB "' --pre gpt-4o --name 'qwen3 4k vocab, gpt-4o pre'",
+                 NM_SOURCE_DIR "/tests/vectors/gpt4o-tokenizer/vocab.gguf");
+
+    nm_gguf *g = generate("--vocab '" VOCAB "' --n-vocab 4200 --layers 1 --d-model 16 --experts 4 "
+                          "--experts-used 2 --pre llama3",
+                          TMP "-pad.gguf");
+    nm_gguf *src = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_gguf_open(VOCAB, &src, &err), NM_OK);
+    if (g && src) {
+        const nm_gguf_value *tok, *type, *tok0, *type0, *merges, *merges0;
+        CHECK_INT_EQ(nm_gguf_get_arr(g, "tokenizer.ggml.tokens", NM_GGUF_STRING, &tok, &err),
+                     NM_OK);
+        CHECK_INT_EQ(nm_gguf_get_arr(g, "tokenizer.ggml.token_type", NM_GGUF_INT32, &type, &err),
+                     NM_OK);
+        CHECK_INT_EQ(nm_gguf_get_arr(src, "tokenizer.ggml.tokens", NM_GGUF_STRING, &tok0, &err),
+                     NM_OK);
+        CHECK_INT_EQ(nm_gguf_get_arr(src, "tokenizer.ggml.token_type", NM_GGUF_INT32, &type0, &err),
+                     NM_OK);
+        CHECK_INT_EQ(nm_gguf_get_arr(g, "tokenizer.ggml.merges", NM_GGUF_STRING, &merges, &err),
+                     NM_OK);
+        CHECK_INT_EQ(nm_gguf_get_arr(src, "tokenizer.ggml.merges", NM_GGUF_STRING, &merges0, &err),
+                     NM_OK);
+        CHECK_INT_EQ(tok->v.arr.n, 4200);
+        CHECK_INT_EQ(type->v.arr.n, 4200);
+        CHECK_INT_EQ(merges->v.arr.n, merges0->v.arr.n);
+        const uint64_t n0 = tok0->v.arr.n;
+        CHECK_INT_EQ(n0, 4099);
+        int same = 1;
+        for (uint64_t i = 0; i < n0; i++) {
+            nm_gguf_str x = nm_gguf_arr_str(tok, i), y = nm_gguf_arr_str(tok0, i);
+            same &= x.len == y.len && memcmp(x.ptr, y.ptr, x.len) == 0 &&
+                    nm_gguf_arr_i64(type, i) == nm_gguf_arr_i64(type0, i);
+        }
+        CHECK(same);
+        CHECK(nm_gguf_str_eq(nm_gguf_arr_str(tok, n0), "[PAD4099]"));
+        CHECK(nm_gguf_str_eq(nm_gguf_arr_str(tok, 4199), "[PAD4199]"));
+        CHECK_INT_EQ(nm_gguf_arr_i64(type, 4199), 5);
+        nm_gguf_str pre;
+        CHECK_INT_EQ(nm_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &err), NM_OK);
+        CHECK(nm_gguf_str_eq(pre, "llama3"));
+        const nm_gguf_tensor *embd = nm_gguf_find_tensor(g, "token_embd.weight");
+        CHECK(embd && embd->ne[1] == 4200);
+    }
+    nm_gguf_close(g);
+    nm_gguf_close(src);
+    remove(TMP "-pad.gguf");
 }
 
 /* The committed qwen2moe fixture, remade with the command in
@@ -360,16 +426,7 @@ static void test_qwen2moe_remade(void) {
     const char *args = "--arch qwen2moe --vocab '" VOCAB "' --seed 1016 --layers 3 --d-model 16 "
                        "--heads 2 --kv-heads 1 --head-dim 8 --experts 8 --experts-used 4 --ffn 16 "
                        "--shared-ffn 32 --embd-type f16 --ctx 4096";
-    nm_gguf *g = generate(args, TMP ".gguf");
-    nm_gguf_close(g);
-    size_t n_new = 0, n_old = 0;
-    unsigned char *fresh = nm_test_read_file(TMP ".gguf", &n_new);
-    unsigned char *committed =
-        nm_test_read_file(NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf", &n_old);
-    CHECK(fresh && committed && n_new == n_old && memcmp(fresh, committed, n_new) == 0);
-    free(fresh);
-    free(committed);
-    remove(TMP ".gguf");
+    check_remade(args, NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf");
 }
 
 static void test_bad_arguments(void) {
@@ -382,6 +439,7 @@ static void test_bad_arguments(void) {
         "--experts 4 --experts-used 5 -o x.gguf",
         "--layers 2",
         "--vocab '" VOCAB "' --n-vocab 5 -o x.gguf",
+        "--pre gpt-4o -o x.gguf",
         "--extract-vocab '" GOLDEN "' --layers 2 -o x.gguf",
         "--vocab /nonexistent.gguf -o x.gguf",
         "--head-dim 15 -o x.gguf",
@@ -417,6 +475,7 @@ int main(void) {
     test_weights_and_router();
     test_determinism_and_types();
     test_extract_vocab();
+    test_pre_and_padding();
     test_qwen2moe_remade();
     test_bad_arguments();
     return nm_test_finish("test_gen_fixture");

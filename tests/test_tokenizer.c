@@ -17,18 +17,6 @@
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-/* Concatenated pieces (render_special on); returns the length. */
-static size_t decode(const nm_tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap) {
-    size_t len = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t k = nm_tokenizer_piece(tok, ids[i], true, len < cap ? out + len : NULL,
-                                       len < cap ? cap - len : 0);
-        if (k < 0) return (size_t)-1;
-        len += (size_t)k;
-    }
-    return len;
-}
-
 /* Encodes s and compares with want[0..n_want). */
 static void check_encoding(const nm_tokenizer *tok, const char *s, bool parse_special,
                            const int32_t *want, size_t n_want) {
@@ -201,7 +189,7 @@ static void check_invalid_utf8(const nm_tokenizer *tok) {
     CHECK(n > 0);
     char back[64];
     if (n > 0) {
-        size_t n_back = decode(tok, ids, (size_t)n, back, sizeof back);
+        size_t n_back = nm_test_decode(tok, ids, (size_t)n, back, sizeof back);
         CHECK(n_back == strlen(ok) && memcmp(back, ok, n_back) == 0);
     }
 }
@@ -575,7 +563,8 @@ int main(void) {
     nm_gguf *gguf = NULL;
     nm_tokenizer *tok = load_vocab(NM_VECTORS_DIR "/qwen3-vocab.gguf", &gguf);
     if (tok) {
-        int n = nm_test_check_tokenize_tsv(tok, NM_VECTORS_DIR "/qwen3-tokenize.tsv", decode, NULL);
+        int n = nm_test_check_tokenize_tsv(tok, NM_VECTORS_DIR "/qwen3-tokenize.tsv",
+                                           nm_test_decode, NULL);
         CHECK_INT_EQ(n, 80);
         check_qwen3_rules(tok);
         check_count_then_fill(tok);
@@ -586,8 +575,8 @@ int main(void) {
 
     tok = load_vocab(NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf", &gguf);
     if (tok) {
-        int n =
-            nm_test_check_tokenize_tsv(tok, NM_VECTORS_DIR "/qwen3-4k-tokenize.tsv", decode, NULL);
+        int n = nm_test_check_tokenize_tsv(tok, NM_VECTORS_DIR "/qwen3-4k-tokenize.tsv",
+                                           nm_test_decode, NULL);
         CHECK_INT_EQ(n, 80);
         CHECK_INT_EQ(nm_tokenizer_n_vocab(tok), 4099);
         CHECK(nm_tokenizer_is_eog(tok, 4096) && nm_tokenizer_is_eog(tok, 4098));

@@ -25,8 +25,9 @@
 #endif
 
 #define PROG "nm_gen_fixture"
-/* a fixture, not a model; the 4-layer Qwen3-30B-A3B shape is 3.1e9 */
-#define MAX_PARAMS 4000000000ll
+/* a fixture, not a model; the 4-layer Qwen3-30B-A3B shape is 3.1e9, the
+ * 4-layer gpt-oss-20b shape with its 201088-token vocabulary 4.5e9 */
+#define MAX_PARAMS 6000000000ll
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -44,7 +45,7 @@ typedef struct config {
     const char *embd_type_name; /* of token_embd and output; NULL: type_name */
     const char *exps_type_name; /* of the expert stacks; NULL: type_name */
     int64_t tied;               /* flag: 0 or 1 */
-    const char *vocab_path, *extract_path, *out_path, *name;
+    const char *vocab_path, *extract_path, *out_path, *name, *pre;
     int64_t help;
 } config;
 
@@ -108,7 +109,7 @@ static const option options[] = {
      "gpt-oss: keys a sliding-window layer attends to (default 128)"},
     {"--ctx", OPT_INT, FIELD(n_ctx), 1, 1 << 24, "N", "trained context length (default 4096)"},
     {"--n-vocab", OPT_INT, FIELD(n_vocab), 1, 1 << 24, "N",
-     "vocabulary size when there is no --vocab (default 256, no tokenizer keys)"},
+     "vocabulary size (default 256, no tokenizer keys); with --vocab, pad its tokens to N"},
     {"--type", OPT_STR, FIELD(type_name), 0, 0, "f32|f16|bf16",
      "type of the matrices; norms and the router stay f32 (default f32)"},
     {"--experts-type", OPT_STR, FIELD(exps_type_name), 0, 0, "f32|f16|bf16|mxfp4",
@@ -120,6 +121,8 @@ static const option options[] = {
     {"--vocab", OPT_STR, FIELD(vocab_path), 0, 0, "FILE",
      "copy every tokenizer.* key (and n_vocab) from this GGUF"},
     {"--name", OPT_STR, FIELD(name), 0, 0, "TEXT", "general.name"},
+    {"--pre", OPT_STR, FIELD(pre), 0, 0, "NAME",
+     "write this tokenizer.ggml.pre instead of the copied one (with --vocab or --extract-vocab)"},
     {"--extract-vocab", OPT_STR, FIELD(extract_path), 0, 0, "IN",
      "instead of a model, write a vocab-only GGUF of IN's tokenizer (uses -o and --name)"},
     {"--help", OPT_FLAG, FIELD(help), 0, 0, NULL, "print this help"},
@@ -220,7 +223,8 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
     if (c->extract_path) {
         for (size_t k = 0; k < N_OPTIONS; k++) {
             const char *n = options[k].name;
-            if (seen[k] && strcmp(n, "-o") && strcmp(n, "--name") && strcmp(n, "--extract-vocab")) {
+            if (seen[k] && strcmp(n, "-o") && strcmp(n, "--name") && strcmp(n, "--extract-vocab") &&
+                strcmp(n, "--pre")) {
                 fprintf(stderr, PROG ": %s has no effect with --extract-vocab\n", n);
                 return 1;
             }
@@ -302,8 +306,8 @@ static int check_config(const config *c, const bool seen[N_OPTIONS], uint32_t *t
                 (long long)c->n_expert_used, (long long)c->n_expert);
         return 1;
     }
-    if (c->vocab_path && was_seen(seen, "--n-vocab")) {
-        fprintf(stderr, PROG ": give --vocab or --n-vocab, not both\n");
+    if (!c->vocab_path && c->pre) {
+        fprintf(stderr, PROG ": --pre needs a tokenizer to copy (--vocab)\n");
         return 1;
     }
     return 0;
@@ -631,9 +635,58 @@ static nm_status add_tensors(gen *g) {
     return st;
 }
 
-/* Copies every tokenizer.* kv of src, in its order. */
-static nm_status copy_tokenizer(nm_gguf_writer *w, const nm_gguf *src, nm_error *err) {
-    static const char prefix[] = "tokenizer.";
+/* A per-token array of the tokenizer (tokens, token_type, scores) padded
+ * from its n0 entries to n: the new tokens are "[PAD<id>]", UNUSED (type 5),
+ * score 0, as convert_hf_to_gguf.py pads a vocabulary to the embedding's
+ * rows. */
+static nm_status set_padded(nm_gguf_writer *w, const char *key, const nm_gguf_value *v, uint64_t n,
+                            nm_error *err) {
+    const uint64_t n0 = v->v.arr.n;
+    const bool tokens = v->v.arr.type == NM_GGUF_STRING,
+               types = strcmp(key, "tokenizer.ggml.token_type") == 0;
+    if (!tokens && v->v.arr.type != NM_GGUF_INT32 && v->v.arr.type != NM_GGUF_FLOAT32)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED, "cannot pad '%s' (element type %d)", key,
+                         (int)v->v.arr.type);
+    const size_t name_bytes = 24; /* "[PAD16777215]" and then some */
+    void *data = nm_malloc((size_t)n * (tokens ? sizeof(nm_gguf_str) : 4));
+    char *names = tokens ? nm_malloc((size_t)(n - n0) * name_bytes) : NULL;
+    if (!data || (tokens && !names)) {
+        nm_free(data);
+        nm_free(names);
+        return nm_errorf(err, NM_ERR_NOMEM, "out of memory padding '%s'", key);
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        if (tokens) {
+            nm_gguf_str *t = (nm_gguf_str *)data + i;
+            if (i < n0) {
+                *t = nm_gguf_arr_str(v, i);
+            } else {
+                char *name = names + (i - n0) * name_bytes;
+                t->ptr = name;
+                t->len = (uint64_t)snprintf(name, name_bytes, "[PAD%llu]", (unsigned long long)i);
+            }
+        } else if (v->v.arr.type == NM_GGUF_INT32) {
+            ((int32_t *)data)[i] = i < n0 ? (int32_t)nm_gguf_arr_i64(v, i) : types ? 5 : 0;
+        } else {
+            ((float *)data)[i] = i < n0 ? (float)nm_gguf_arr_f64(v, i) : 0.0f;
+        }
+    }
+    const nm_gguf_value padded = {.type = NM_GGUF_ARRAY,
+                                  .v.arr = {.type = v->v.arr.type, .n = n, .data = data}};
+    nm_status st = nm_gguf_writer_set_value(w, key, &padded);
+    nm_free(data);
+    nm_free(names);
+    return st == NM_OK ? NM_OK : nm_errorf(err, st, "cannot write '%s'", key);
+}
+
+/* Copies every tokenizer.* kv of src, in its order; pre, when not NULL,
+ * replaces (or adds) tokenizer.ggml.pre; n_vocab > the file's token count
+ * pads the per-token arrays to n_vocab. */
+static nm_status copy_tokenizer(nm_gguf_writer *w, const nm_gguf *src, const char *pre,
+                                uint64_t n_vocab, nm_error *err) {
+    static const char prefix[] = "tokenizer.", pre_key[] = "tokenizer.ggml.pre";
+    const nm_gguf_value *tokens = nm_gguf_find(src, "tokenizer.ggml.tokens");
+    const uint64_t n0 = tokens && tokens->type == NM_GGUF_ARRAY ? tokens->v.arr.n : 0;
     for (uint64_t i = 0; i < nm_gguf_n_kv(src); i++) {
         const nm_gguf_kv *kv = nm_gguf_kv_at(src, i);
         char key[256];
@@ -645,10 +698,17 @@ static nm_status copy_tokenizer(nm_gguf_writer *w, const nm_gguf *src, nm_error 
         }
         memcpy(key, kv->key.ptr, (size_t)kv->key.len);
         key[kv->key.len] = '\0';
-        nm_status st = nm_gguf_writer_set_value(w, key, &kv->value);
+        if (pre && strcmp(key, pre_key) == 0) continue;
+        nm_status st;
+        if (n_vocab > n0 && kv->value.type == NM_GGUF_ARRAY && kv->value.v.arr.n == n0) {
+            if ((st = set_padded(w, key, &kv->value, n_vocab, err)) != NM_OK) return st;
+            continue;
+        }
+        st = nm_gguf_writer_set_value(w, key, &kv->value);
         if (st != NM_OK) return nm_errorf(err, st, "cannot copy '%s'", key);
     }
-    return NM_OK;
+    nm_status st = pre ? nm_gguf_writer_set_str(w, pre_key, pre) : NM_OK;
+    return st == NM_OK ? NM_OK : nm_errorf(err, st, "cannot write '%s'", pre_key);
 }
 
 static nm_gguf_value u32_value(int64_t v) {
@@ -793,7 +853,9 @@ static int64_t param_count(const config *c, int64_t n_vocab) {
     return n_vocab * d * (c->tied ? 1 : 2) + d + c->n_layer * per_layer;
 }
 
-static int make_model(const config *c, uint32_t type, uint32_t embd_type, uint32_t exps_type) {
+/* pad_vocab: --n-vocab was given with --vocab. */
+static int make_model(const config *c, uint32_t type, uint32_t embd_type, uint32_t exps_type,
+                      bool pad_vocab) {
     nm_error err = {0};
     nm_gguf *vocab = NULL;
     gen g = {.c = c,
@@ -813,7 +875,13 @@ static int make_model(const config *c, uint32_t type, uint32_t embd_type, uint32
             nm_gguf_close(vocab);
             return 1;
         }
-        g.n_vocab = (int64_t)tokens->v.arr.n;
+        if (pad_vocab && c->n_vocab < (int64_t)tokens->v.arr.n) {
+            fprintf(stderr, PROG ": --n-vocab %lld is below the %llu tokens of --vocab %s\n",
+                    (long long)c->n_vocab, (unsigned long long)tokens->v.arr.n, c->vocab_path);
+            nm_gguf_close(vocab);
+            return 1;
+        }
+        g.n_vocab = pad_vocab ? c->n_vocab : (int64_t)tokens->v.arr.n;
     }
     /* The parameter count bounds every product of shapes below. */
     if (param_count(c, g.n_vocab) > MAX_PARAMS) {
@@ -827,7 +895,7 @@ static int make_model(const config *c, uint32_t type, uint32_t embd_type, uint32
     g.w = nm_gguf_writer_new();
     g.u = nm_malloc((size_t)c->d_model * sizeof *g.u);
     nm_status st = g.w && g.u ? set_hparams(&g, c->name ? c->name : name) : NM_ERR_NOMEM;
-    if (st == NM_OK && vocab) st = copy_tokenizer(g.w, vocab, &err);
+    if (st == NM_OK && vocab) st = copy_tokenizer(g.w, vocab, c->pre, (uint64_t)g.n_vocab, &err);
     if (st == NM_OK) {
         rng r;
         rng_for(&r, (uint64_t)c->seed, "shared_direction");
@@ -877,7 +945,7 @@ static int extract_vocab(const config *c) {
     nm_status st =
         w ? nm_gguf_writer_set_value(w, "general.architecture", &arch_value) : NM_ERR_NOMEM;
     if (st == NM_OK) st = nm_gguf_writer_set_str(w, "general.name", c->name ? c->name : name);
-    if (st == NM_OK) st = copy_tokenizer(w, src, &err);
+    if (st == NM_OK) st = copy_tokenizer(w, src, c->pre, 0, &err);
     if (st == NM_OK) st = nm_gguf_writer_write_file(w, c->out_path, &err);
     if (st != NM_OK)
         fprintf(stderr, PROG ": %s\n", err.msg[0] ? err.msg : nm_status_str(st));
@@ -925,5 +993,6 @@ int main(int argc, char **argv) {
     }
     uint32_t type = NM_DTYPE_F32, embd_type = NM_DTYPE_F32, exps_type = NM_DTYPE_F32;
     if (check_config(&c, seen, &type, &embd_type, &exps_type) != 0) return 1;
-    return c.extract_path ? extract_vocab(&c) : make_model(&c, type, embd_type, exps_type);
+    return c.extract_path ? extract_vocab(&c)
+                          : make_model(&c, type, embd_type, exps_type, was_seen(seen, "--n-vocab"));
 }

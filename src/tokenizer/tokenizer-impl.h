@@ -63,11 +63,14 @@ int nm_gpt2_cp_to_byte(uint32_t cp);
 /* llama.cpp's hand-written splitters for the Qwen2-family regex
  *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
  *   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
- * LLAMA3 differs in \p{N}{1,3}; QWEN35 lets letter runs take \p{M} too. */
+ * LLAMA3 differs in \p{N}{1,3}; QWEN35 lets letter runs take \p{M} too.
+ * GPT4O is o200k's (gpt-oss, llama4) as llama.cpp's std::regex matches it:
+ * case-split letter runs with a trailing contraction (pretok.c). */
 typedef enum nm_pretok_kind {
     NM_PRETOK_QWEN2,
     NM_PRETOK_QWEN35,
     NM_PRETOK_LLAMA3,
+    NM_PRETOK_GPT4O,
 } nm_pretok_kind;
 
 /* One word of a fragment of n code points cpts[] with class bits flags[]:

@@ -39,6 +39,8 @@ static const struct {
     {"qwen2", NM_PRETOK_QWEN2},     {"deepseek-r1-qwen", NM_PRETOK_QWEN2},
     {"qwen35", NM_PRETOK_QWEN35},   {"llama3", NM_PRETOK_LLAMA3},
     {"llama-v3", NM_PRETOK_LLAMA3}, {"llama-bpe", NM_PRETOK_LLAMA3},
+    {"gpt-4o", NM_PRETOK_GPT4O},    {"llama4", NM_PRETOK_GPT4O},
+    {"kanana2", NM_PRETOK_GPT4O},
 };
 
 static nm_status read_kind(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *err) {
@@ -59,20 +61,22 @@ static nm_status read_kind(nm_tokenizer *tok, const nm_gguf *gguf, nm_error *err
         return nm_errorf(err, NM_ERR_UNSUPPORTED,
                          "the file has no tokenizer.ggml.pre; llama.cpp would use its 'default' "
                          "BPE pre-tokenizer, which is not supported (supported: qwen2, qwen35, "
-                         "llama3)");
+                         "llama3, gpt-4o)");
     if ((st = nm_gguf_get_str(gguf, "tokenizer.ggml.pre", &pre, err)) != NM_OK) return st;
     for (size_t i = 0; i < sizeof pretok_names / sizeof pretok_names[0]; i++) {
         if (nm_gguf_str_eq(pre, pretok_names[i].name)) {
             tok->pretok = pretok_names[i].kind;
             /* llama3: whole words found in the vocabulary skip the merges,
-             * and BOS is added unless the file says otherwise */
+             * and BOS is added unless the file says otherwise; not so for
+             * the others (gpt-4o included) */
             tok->ignore_merges = tok->add_bos = tok->pretok == NM_PRETOK_LLAMA3;
             return NM_OK;
         }
     }
     return nm_errorf(err, NM_ERR_UNSUPPORTED,
                      "pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported (supported: "
-                     "qwen2, deepseek-r1-qwen, qwen35, llama3, llama-v3, llama-bpe)",
+                     "qwen2, deepseek-r1-qwen, qwen35, llama3, llama-v3, llama-bpe, gpt-4o, "
+                     "llama4, kanana2)",
                      (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
 }
 
