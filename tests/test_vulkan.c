@@ -1,10 +1,11 @@
 /* The vulkan device (graph kind 1) on whatever Vulkan driver the machine
  * has (CI: Mesa's lavapipe): device listing and the errors of creation;
  * grouped FFN graphs of every weight type the shaders read, and one they
- * convert, against the host's reference kernels; the memory budget; the
- * static modes with --device vulkan against dense on the tiny models and
- * the shipped one, drop against the cpu device, all-on-device and
- * all-on-host plans. The device accumulates in FP32 in another order than
+ * convert, against the host's reference kernels, also with gpt-oss's
+ * expert biases and clamped SwiGLU; the memory budget; the static modes
+ * with --device vulkan against dense on the tiny models (gpt-oss's, F16
+ * and MXFP4, and deepseek2's among them) and the shipped one, drop against the cpu device,
+ * all-on-device and all-on-host plans. The device accumulates in FP32 in another order than
  * the host: outputs are compared with a stated tolerance (TOL below). In a
  * build without Vulkan it checks the error that says so. Exits 77 (skipped)
  * when no Vulkan driver is found, unless NM_REQUIRE_VULKAN is set. */
@@ -109,10 +110,57 @@ static void check_type(nm_device *dev, uint32_t type) {
     CHECK(s1.busy_ns > s0.busy_ns);
     /* uploaded once: three matrices per expert in the shaders' format */
     const bool read = type == NM_DTYPE_F32 || type == NM_DTYPE_F16 || type == NM_DTYPE_BF16 ||
-                      type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_K;
+                      type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_K || type == NM_DTYPE_MXFP4;
     const uint64_t mat = read ? s.w.gate.n * s.w.gate.row_bytes : 256 * 256 * 4;
     CHECK_INT_EQ(s1.upload_bytes - s0.upload_bytes, 3 * 3 * mat);
     CHECK_INT_EQ(s1.device_bytes, s0.device_bytes); /* freed */
+    nm_test_experts_free(&s);
+}
+
+/* gpt-oss's experts (nm_expert_ffn_forward is the reference): gate, up and
+ * down biases, each alone and all three, under SwiGLU and the clamped
+ * SwiGLU (alpha 1.702, limit 7). Biases up to +-12 push many gate and up
+ * values past the limit, so the clamps are exercised (counted below). */
+static void check_biased(nm_device *dev, uint32_t type) {
+    enum { N_EXPERT = 5, DM = 64, FF = 96 };
+    nm_test_experts s = nm_test_experts_new(type, N_EXPERT, DM, FF, rng_float);
+    float *gb = malloc(N_EXPERT * FF * sizeof(float)), *ub = malloc(N_EXPERT * FF * sizeof(float));
+    float *db = malloc(N_EXPERT * DM * sizeof(float));
+    for (int i = 0; i < N_EXPERT * FF; i++) {
+        gb[i] = 12.0f * rng_float();
+        ub[i] = 12.0f * rng_float();
+    }
+    for (int i = 0; i < N_EXPERT * DM; i++)
+        db[i] = rng_float();
+    int clamped = 0;
+    for (int i = 0; i < N_EXPERT * FF; i++)
+        clamped += (gb[i] > 8.0f) + (fabsf(ub[i]) > 8.0f); /* x W: sd ~0.33, so past 7 */
+    CHECK(clamped > 20);
+    const int32_t ex[3] = {3, 0, 4}, cap[3] = {2, 5, 1};
+    for (int glu = 0; glu < 2; glu++)
+        for (int which = 0; which < 4; which++) {
+            nm_expert_weights w = s.w;
+            w.glu = glu ? NM_GLU_SWIGLU_OAI : NM_GLU_SWIGLU;
+            w.glu_alpha = 1.702f;
+            w.glu_limit = 7.0f;
+            w.gate_b = which == 0 || which == 3 ? gb : NULL;
+            w.up_b = which == 1 || which == 3 ? ub : NULL;
+            w.down_b = which == 2 || which == 3 ? db : NULL;
+            nm_status st;
+            nm_error err = {0};
+            CHECK_INT_EQ(nm_device_check_ffn(dev, &w, 0, &err), NM_OK);
+            const double worst = run_graph(dev, &w, 3, ex, cap, &st, &err);
+            printf("%-5s %s, %s bias%s: worst row error %.3g (tolerance %g)\n", nm_dtype_name(type),
+                   glu ? "clamped SwiGLU" : "SwiGLU",
+                   (const char *[]){"gate", "up", "down", "every"}[which],
+                   which == 3 ? "" : " only", worst, TOL);
+            if (st) fprintf(stderr, "%s\n", err.msg);
+            CHECK_INT_EQ(st, NM_OK);
+            CHECK(worst <= TOL);
+        }
+    free(gb);
+    free(ub);
+    free(db);
     nm_test_experts_free(&s);
 }
 
@@ -226,8 +274,8 @@ static void check_names(int n_vulkan) {
     CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "vulkan", .n_threads = 1}, &dev, &err),
                  NM_OK);
     nm_device_close(dev);
-    CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "vulkan:0", .n_threads = 1}, &dev, &err),
-                 NM_OK);
+    CHECK_INT_EQ(
+        nm_device_open(&(nm_device_params){.name = "vulkan:0", .n_threads = 1}, &dev, &err), NM_OK);
     nm_device_close(dev);
 }
 
@@ -263,6 +311,7 @@ static void run_mode(nm_model *m, nm_mode mode, const nm_plan *plan, nm_device *
 
 static void check_model(const char *path, const int32_t *ids, int n, nm_device *vk,
                         nm_device *cpu) {
+    printf("---- %s\n", path);
     nm_model *m = NULL;
     nm_error err = {0};
     nm_model_params mp = nm_model_default_params();
@@ -273,7 +322,7 @@ static void check_model(const char *path, const int32_t *ids, int n, nm_device *
         return;
     }
     const int nv = m->hp.n_vocab, rows = n + 3;
-    const int32_t nl = m->hp.n_layer, ne = m->hp.n_expert;
+    const int32_t nl = nm_model_n_moe_layers(&m->hp), ne = m->hp.n_expert;
     float *dense = malloc((size_t)rows * nv * sizeof(float));
     float *got = malloc((size_t)rows * nv * sizeof(float));
     float *ref = malloc((size_t)rows * nv * sizeof(float));
@@ -396,6 +445,8 @@ int main(void) {
     for (uint32_t t = 0; t < NM_DTYPE_COUNT; t++)
         if (nm_device_supports(vk, t, NM_GRAPH_FFN)) check_type(vk, t);
     CHECK(!nm_device_supports(vk, NM_DTYPE_Q2_K, NM_GRAPH_FFN));
+    check_biased(vk, NM_DTYPE_F16);
+    check_biased(vk, NM_DTYPE_MXFP4);
     check_in_flight(vk);
     check_refusals();
 
@@ -407,6 +458,19 @@ int main(void) {
     check_model(NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf", ids, n_use, vk, cpu);
     check_model(NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M/model.gguf", ids, n_use, vk, cpu);
     check_model(NM_BUILD_DIR "/models/default.gguf", ids, n_use, vk, cpu);
+    /* gpt-oss: biased experts, the clamped SwiGLU, MXFP4 experts (the dense
+     * part stays on the host: attention sinks); deepseek2: a leading dense
+     * layer, shared experts and latent attention on the host */
+    const char *own[3] = {"tiny-gptoss", "tiny-gptoss-mxfp4", "tiny-deepseek2"};
+    for (int i = 0; i < 3; i++) {
+        char dir[512], path[1024];
+        snprintf(dir, sizeof dir, "%s/tests/vectors/%s", NM_SOURCE_DIR, own[i]);
+        snprintf(path, sizeof path, "%s/prompts.txt", dir);
+        const int n_g = nm_test_read_ints(path, 3, ids, MAX_IDS);
+        CHECK(n_g >= 40);
+        snprintf(path, sizeof path, "%s/model.gguf", dir);
+        check_model(path, ids, n_g < 40 ? n_g : 40, vk, cpu);
+    }
     nm_device_close(cpu);
     nm_device_close(vk);
     return nm_test_finish("test_vulkan");

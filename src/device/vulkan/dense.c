@@ -3,7 +3,7 @@
  * the q/k/v matmuls, biases + q/k norms + RoPE + the K/V store, attention,
  * the output matmul, residual + FFN norm, the router matmul, a barrier
  * between each. The layer's weights and vectors are uploaded once into
- * device memory (F32/F16/BF16/Q8_0/Q4_K read as they are, other types
+ * device memory (F32/F16/BF16/Q8_0/Q4_K/MXFP4 read as they are, other types
  * converted to F32), the activations live in one host-visible buffer (the
  * launch's position in its first word), the K/V in device memory; FP32
  * accumulation throughout; with an F16 cache the K/V are rounded to IEEE

@@ -1,10 +1,12 @@
 /* Graph kind 1 on the vulkan device: the grouped expert FFN of an
  * nm_ffn_spec as one command buffer recorded at compile (per slot a
- * gate/up/SwiGLU dispatch, a barrier, per slot a down dispatch), the
- * group's weights uploaded once into device memory, input and output in
- * host-visible memory, a fence for completion and two timestamps for the
- * device's busy time. The shaders (shaders/) read F32, F16, BF16, Q8_0 and
- * Q4_K weights as they are; other types are converted to F32 at upload. */
+ * gate/up/activation dispatch, a barrier, per slot a down dispatch), the
+ * group's weights (and the experts' biases, F32) uploaded once into device
+ * memory, input and output in host-visible memory, a fence for completion
+ * and two timestamps for the device's busy time. The activation is the
+ * weights' (SwiGLU or gpt-oss's clamped SwiGLU). The shaders (shaders/)
+ * read F32, F16, BF16, Q8_0, Q4_K and MXFP4 weights as they are; other
+ * types are converted to F32 at upload. */
 #include "vk-impl.h"
 
 #include "base/base.h"
@@ -13,14 +15,20 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Where one slot's matrices lie in the graph's weight buffer. */
+/* No bias (the shaders' NONE). */
+#define NO_BIAS UINT32_MAX
+
+/* Where one slot's matrices and biases lie in the graph's weight buffer;
+ * the bias offsets are relative to their binding, or NO_BIAS. */
 typedef struct vk_slot {
     int64_t row0, rows;
-    VkDeviceSize gate_up_at; /* gate, then up at up_rel, as one binding */
+    VkDeviceSize gate_up_at; /* gate, then up at up_rel, then the biases, as one binding */
     VkDeviceSize gate_up_bytes;
     uint32_t up_rel;
-    VkDeviceSize down_at;
+    uint32_t gate_b_rel, up_b_rel; /* F32 [d_ff] each */
+    VkDeviceSize down_at;          /* down, then its bias at down_b_rel */
     VkDeviceSize down_bytes;
+    uint32_t down_b_rel; /* F32 [d_model] */
 } vk_slot;
 
 /* How a phase's weights reach the device: the type the shader reads and
@@ -39,6 +47,8 @@ struct nm_graph {
     int32_t n_slots;
     int64_t d_model, d_ff, n_rows;
     vk_slot *slots; /* [n_slots] */
+    uint32_t glu;   /* the weights' nm_glu, and its alpha and limit */
+    float glu_alpha, glu_limit;
     vk_buffer weights;
     vk_buffer in;  /* host visible [n_rows][d_model] */
     vk_buffer out; /* host visible [n_rows][d_model] */
@@ -98,6 +108,12 @@ static nm_status check_spec(vk_device *d, const nm_ffn_spec *spec, nm_error *err
                          layer, (long long)spec->d_model, (long long)spec->d_ff,
                          (long long)w->gate.n, (long long)w->gate.k, (long long)w->up.n,
                          (long long)w->up.k, (long long)w->down.n, (long long)w->down.k);
+    /* ffn_gate_up.comp's GLU_* values */
+    _Static_assert(NM_GLU_SWIGLU == 0 && NM_GLU_SWIGLU_OAI == 1, "the shader's activations");
+    if (w->glu != NM_GLU_SWIGLU && w->glu != NM_GLU_SWIGLU_OAI)
+        return nm_errorf(err, NM_ERR_UNSUPPORTED,
+                         "%s: ffn graph of layer %d: unknown activation %u", d->label, layer,
+                         w->glu);
     int64_t rows = 0;
     for (int32_t i = 0; i < spec->n_experts; i++) {
         if ((uint32_t)spec->capacity[i] > d->limits.maxComputeWorkGroupCount[1])
@@ -160,8 +176,15 @@ static nm_status build_weights(nm_graph *g, const nm_ffn_spec *spec, const vk_ph
     const VkDeviceSize mat_ff = (VkDeviceSize)spec->d_ff * ph1->row_bytes;    /* gate, up */
     const VkDeviceSize mat_dm = (VkDeviceSize)spec->d_model * ph2->row_bytes; /* down */
     const VkDeviceSize up_rel = round_up(mat_ff, 16);
-    const VkDeviceSize gate_up = round_up(up_rel + mat_ff, 4);
-    const VkDeviceSize down = round_up(mat_dm, 4);
+    /* the biases after the matrices, F32 (4-byte aligned) */
+    VkDeviceSize gate_up = round_up(up_rel + mat_ff, 4), down = round_up(mat_dm, 4);
+    const VkDeviceSize ff_bytes = (VkDeviceSize)spec->d_ff * sizeof(float);
+    const VkDeviceSize gate_b_rel = w->gate_b ? gate_up : NO_BIAS;
+    gate_up += w->gate_b ? ff_bytes : 0;
+    const VkDeviceSize up_b_rel = w->up_b ? gate_up : NO_BIAS;
+    gate_up += w->up_b ? ff_bytes : 0;
+    const VkDeviceSize down_b_rel = w->down_b ? down : NO_BIAS;
+    down += w->down_b ? (VkDeviceSize)spec->d_model * sizeof(float) : 0;
     if (gate_up > d->limits.maxStorageBufferRange || gate_up > UINT32_MAX ||
         down > d->limits.maxStorageBufferRange)
         return nm_errorf(err, NM_ERR_CAPACITY,
@@ -176,9 +199,12 @@ static nm_status build_weights(nm_graph *g, const nm_ffn_spec *spec, const vk_ph
         s->gate_up_at = at;
         s->gate_up_bytes = gate_up;
         s->up_rel = (uint32_t)up_rel;
+        s->gate_b_rel = (uint32_t)gate_b_rel;
+        s->up_b_rel = (uint32_t)up_b_rel;
         at = round_up(at + gate_up, align);
         s->down_at = at;
         s->down_bytes = down;
+        s->down_b_rel = (uint32_t)down_b_rel;
         at = round_up(at + down, align);
     }
     char what[96];
@@ -200,6 +226,16 @@ static nm_status build_weights(nm_graph *g, const nm_ffn_spec *spec, const vk_ph
         st = upload_mat(d, &u, s->gate_up_at, &gm, ph1, err);
         if (st == NM_OK) st = upload_mat(d, &u, s->gate_up_at + s->up_rel, &um, ph1, err);
         if (st == NM_OK) st = upload_mat(d, &u, s->down_at, &dm, ph2, err);
+        const size_t ff = (size_t)spec->d_ff, dmod = (size_t)spec->d_model;
+        if (st == NM_OK && w->gate_b)
+            st = nm_vk_upload(d, &u, s->gate_up_at + s->gate_b_rel, w->gate_b + (size_t)e * ff,
+                              ff * sizeof(float), err);
+        if (st == NM_OK && w->up_b)
+            st = nm_vk_upload(d, &u, s->gate_up_at + s->up_b_rel, w->up_b + (size_t)e * ff,
+                              ff * sizeof(float), err);
+        if (st == NM_OK && w->down_b)
+            st = nm_vk_upload(d, &u, s->down_at + s->down_b_rel, w->down_b + (size_t)e * dmod,
+                              dmod * sizeof(float), err);
     }
     const nm_status st2 = nm_vk_uploader_end(d, &u, st == NM_OK, err);
     return st ? st : st2;
@@ -276,16 +312,21 @@ static nm_status record(nm_graph *g, const vk_phase *ph1, const vk_phase *ph2, n
             for (int32_t i = 0; i < g->n_slots; i++) {
                 const vk_slot *s = &g->slots[i];
                 /* the shaders' push constants (ffn_gate_up.comp, ffn_down.comp) */
-                const uint32_t pc[8] = {
+                uint32_t pc[13] = {
                     0,
-                    phase == 0 ? s->up_rel : 0,
+                    phase == 0 ? s->up_rel : s->down_b_rel,
                     (uint32_t)ph->row_bytes,
                     (uint32_t)n_out,
                     (uint32_t)k,
                     (uint32_t)(s->row0 * k),     /* first input row (x or h) */
                     (uint32_t)(s->row0 * n_out), /* first output row (h or y) */
                     (uint32_t)s->rows,
+                    s->gate_b_rel,
+                    s->up_b_rel,
+                    g->glu,
                 };
+                memcpy(&pc[11], &g->glu_alpha, sizeof(float));
+                memcpy(&pc[12], &g->glu_limit, sizeof(float));
                 d->fn.vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, d->pipe_layout, 0,
                                               1, &g->sets[2 * i + phase], 0, NULL);
                 d->fn.vkCmdPushConstants(cb, d->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
@@ -323,6 +364,9 @@ nm_status nm_vk_ffn_compile(nm_device *dev, const nm_ffn_spec *spec, nm_graph **
     g->d_model = spec->d_model;
     g->d_ff = spec->d_ff;
     g->n_rows = nm_ffn_spec_rows(spec);
+    g->glu = spec->weights->glu;
+    g->glu_alpha = spec->weights->glu_alpha;
+    g->glu_limit = spec->weights->glu_limit;
     g->slots = nm_calloc((size_t)g->n_slots, sizeof *g->slots);
     if (!g->slots) {
         nm_free(g);

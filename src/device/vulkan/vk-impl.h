@@ -94,7 +94,7 @@ typedef struct vk_buffer {
 } vk_buffer;
 
 /* Weight types the shaders read in their own format. */
-enum { VK_N_TYPES = 5 };
+enum { VK_N_TYPES = 6 };
 /* The dense graph's shaders, in the order of vk_device.dense_modules. */
 enum {
     VK_DENSE_NORM = 0,

@@ -86,13 +86,15 @@ int nm_vk_type_slot(uint32_t type) {
         return 3;
     case NM_DTYPE_Q4_K:
         return 4;
+    case NM_DTYPE_MXFP4:
+        return 5;
     default:
         return -1;
     }
 }
 
-static const uint32_t slot_types[VK_N_TYPES] = {NM_DTYPE_F32, NM_DTYPE_F16, NM_DTYPE_BF16,
-                                                NM_DTYPE_Q8_0, NM_DTYPE_Q4_K};
+static const uint32_t slot_types[VK_N_TYPES] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
+                                                NM_DTYPE_Q8_0, NM_DTYPE_Q4_K, NM_DTYPE_MXFP4};
 
 /* ---- loader and instance ---- */
 
@@ -574,6 +576,8 @@ static bool vk_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op 
 static const nm_device_ops vk_ops = {
     .name = "vulkan",
     .supports = vk_supports,
+    /* the experts' biases and gpt-oss's clamped SwiGLU (ffn_gate_up.comp, ffn_down.comp) */
+    .ffn_features = NM_FFN_F_BIAS | NM_FFN_F_SWIGLU_OAI,
     .compile = nm_vk_ffn_compile,
     .input = nm_vk_ffn_input,
     .output = nm_vk_ffn_output,

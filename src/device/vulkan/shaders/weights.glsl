@@ -11,6 +11,11 @@ const uint T_F16 = 1;
 const uint T_Q8_0 = 8;
 const uint T_Q4_K = 12;
 const uint T_BF16 = 30;
+const uint T_MXFP4 = 39;
+
+// MXFP4's E2M1 values, doubled (nm_mxfp4_values)
+const float MXFP4_VALUES[16] = float[16](0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
+                                         0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 
@@ -18,6 +23,12 @@ uint byte_at(uint b) { return (w[b >> 2] >> ((b & 3u) * 8u)) & 0xffu; }
 // b even: a 16-bit value never straddles two words
 uint half_at(uint b) { return (w[b >> 2] >> ((b & 2u) * 8u)) & 0xffffu; }
 float f16_at(uint b) { return unpackHalf2x16(half_at(b)).x; }
+// 2^(e - 128), MXFP4's halved E8M0 scale, as nm_e8m0_half_to_f32 (a device
+// that flushes denormals reads e < 2 as 0: scales below 2^-126 never occur
+// in trained weights)
+float e8m0_half(uint e) {
+    return uintBitsToFloat(e >= 2u ? (e - 1u) << 23 : e == 1u ? 0x00400000u : 0x00200000u);
+}
 
 // For each of four activation rows, sum_i W[row][i] * act[i] for i < k;
 // `base` is the weight row's first byte. ACT4(i), defined by the includer,
@@ -46,6 +57,19 @@ vec4 dot_row4(uint base, uint k) {
                 s += float(q) * ACT4(32u * b + l);
             }
             sum += d * s;
+        }
+    } else if (TYPE == T_MXFP4) {
+        // blocks of 32: an E8M0 scale byte, 16 bytes of two E2M1 nibbles
+        // (element l low, l + 16 high; 17 bytes, so any alignment)
+        for (uint b = 0; b < k / 32u; b++) {
+            const uint at = base + 17u * b;
+            vec4 s = vec4(0.0);
+            for (uint l = 0; l < 16u; l++) {
+                const uint q = byte_at(at + 1u + l);
+                s += MXFP4_VALUES[q & 15u] * ACT4(32u * b + l);
+                s += MXFP4_VALUES[q >> 4u] * ACT4(32u * b + 16u + l);
+            }
+            sum += e8m0_half(byte_at(at)) * s;
         }
     } else if (TYPE == T_Q4_K) {
         // super-blocks of 256: f16 d, f16 dmin, 12 packed scale bytes,
