@@ -2,7 +2,8 @@
  * activation rows x 4 weight rows per tile, 16 registers), weights widened to
  * float in registers; quantised weights (Q4_0, K-quants) are widened with the
  * scalar nm_dequantize_row. Compiled with -mavx2 -mfma -mf16c; only called
- * when CPUID reports them. Attention stays on the reference. */
+ * when CPUID reports them. Attention is the blocked kernel
+ * of attention.c, shared with the AVX-512 variants. */
 #if defined(__x86_64__)
 #include "kernels/kernels-impl.h"
 
