@@ -67,6 +67,9 @@ static uint8_t *make_weights(uint32_t type, int64_t n, int64_t k, size_t *row_by
                 uint8_t *blk = row + b * tr->block_bytes;
                 if (type == NM_DTYPE_Q6_K) {
                     put_scale(blk + NM_Q6_K_BYTES - 2, 0.0005f);
+                } else if (type == NM_DTYPE_MXFP4) { /* 2^-6 .. 2^-4 */
+                    frand();
+                    blk[0] = (uint8_t)(122 + (rng >> 40) % 3);
                 } else {
                     put_scale(blk, type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 0.01f : 0.001f);
                     if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K) put_scale(blk + 2, 0.01f);
@@ -291,8 +294,9 @@ int main(int argc, char **argv) {
         "| variant | type | test | m x N x K | valid | ms (median) | cpu ms (median) | GFLOP/s | "
         "%% FMA peak | weight GB/s | %% read peak |\n"
         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n");
-    const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16, NM_DTYPE_Q8_0,
-                              NM_DTYPE_Q4_0, NM_DTYPE_Q4_K, NM_DTYPE_Q5_K, NM_DTYPE_Q6_K};
+    const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
+                              NM_DTYPE_Q8_0, NM_DTYPE_Q4_0, NM_DTYPE_Q4_K,
+                              NM_DTYPE_Q5_K, NM_DTYPE_Q6_K, NM_DTYPE_MXFP4};
     const int n_types = (int)(sizeof types / sizeof types[0]);
     /* n_mat > 1: that many distinct matrices, timed one after another (the
      * decode of a layer's expert down projections: their weights come from

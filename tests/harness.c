@@ -236,6 +236,12 @@ void nm_test_read_greedy(const char *dir, int p, int32_t *want, float *margin, i
 }
 
 double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int n, int n_vocab) {
+    int n_skipped;
+    return nm_test_golden_worst_except(dir, p, all_logits, n, n_vocab, NULL, &n_skipped);
+}
+
+double nm_test_golden_worst_except(const char *dir, int p, const float *all_logits, int n,
+                                   int n_vocab, const bool *skip, int *n_skipped) {
     enum { MAX_POSITIONS = 1024 };
     char path[1024];
     int32_t pos[MAX_POSITIONS];
@@ -251,8 +257,13 @@ double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int
     }
     CHECK_INT_EQ(n_bytes, (size_t)n_pos * n_vocab * sizeof(float));
     double worst = 0;
+    *n_skipped = 0;
     for (int r = 0; r < n_pos && pos[r] < n && n_bytes >= (size_t)(r + 1) * n_vocab * sizeof(float);
          r++) {
+        if (skip && skip[pos[r]]) {
+            (*n_skipped)++;
+            continue;
+        }
         double e = nm_test_row_rel_err(all_logits + (size_t)pos[r] * n_vocab,
                                        gold + (size_t)r * n_vocab, n_vocab);
         if (e > worst) worst = e;

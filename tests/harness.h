@@ -99,6 +99,10 @@ double nm_test_row_rel_err(const float *got, const float *want, int n);
  * model folder dir (positions.txt, logits_<p>.f32); INFINITY, with a failed
  * check, when they cannot be read. */
 double nm_test_golden_worst(const char *dir, int p, const float *all_logits, int n, int n_vocab);
+/* As nm_test_golden_worst, leaving out the positions t with skip[t] (skip:
+ * [n]); *n_skipped: how many stored positions were left out. */
+double nm_test_golden_worst_except(const char *dir, int p, const float *all_logits, int n,
+                                   int n_vocab, const bool *skip, int *n_skipped);
 
 /* The greedy continuation stored for prompt p in the model folder dir
  * (greedy.txt) and llama.cpp's margin at each step (greedy_margin.txt), n of

@@ -21,8 +21,14 @@
  *                               key too wide gives 0.1);
  *   tiny-gptoss-mxfp4:          2e-2, experts compared where the router
  *                               gap exceeds 0.1, greedy up to a margin
- *                               of 0.1 (ik quantises the activations of
- *                               MXFP4 matmuls to int8; measured 1.3e-2);
+ *                               of 0.1 (ik and avx512vnni quantise the
+ *                               activations of MXFP4 matmuls to int8,
+ *                               each its own way; measured 1.3e-2 with
+ *                               float activations, 1.2e-2 with
+ *                               avx512vnni's, which pick the other
+ *                               expert at one near tie of the stored
+ *                               positions, gap 0.011: that row, 0.098,
+ *                               is left out);
  *   tiny-phimoe, F16 embd/out:  1e-5 (compat rounds the output matmul's
  *                               input to F16, as ggml does);
  *   tiny-mixtral, all F16:      1e-3 (compat rounds matmul inputs to F16,
@@ -64,30 +70,41 @@ static void recording_route(const nm_hparams *hp, const float *logits, int32_t *
     rec.n_calls++;
 }
 
-/* Expert sets per position and layer against experts_<p>.txt where every
- * layer's router gap is above 1e-4; returns positions compared. */
+/* Expert sets per position and layer against experts_<p>.txt where the
+ * layer's router gap is at least gap_min; returns the (position, layer)
+ * pairs compared. tie[t]: an expert differs at position t in a layer whose
+ * gap is below gap_min (a near tie, where a correct engine may pick the
+ * other expert; that position's logits then differ by far more than the
+ * rounding). */
 static int compare_experts(const char *dir, int p, int n, int n_layer, int k, float gap_min,
-                           int *mismatch) {
+                           int *mismatch, bool *tie) {
     char path[1024], gpath[1024];
     snprintf(path, sizeof path, "%s/experts_%d.txt", dir, p);
     snprintf(gpath, sizeof gpath, "%s/router_gap_%d.txt", dir, p);
     int compared = 0;
     *mismatch = 0;
+    for (int t = 0; t < n; t++)
+        tie[t] = false;
     for (int t = 0; t < n; t++) {
         int32_t want[MAX_LAYERS * MAX_K];
         float gap[MAX_LAYERS];
         if (nm_test_read_ints(path, t, want, MAX_LAYERS * MAX_K) != n_layer * k) break;
         if (nm_test_read_floats(gpath, t, gap, MAX_LAYERS) != n_layer) break;
         for (int il = 0; il < n_layer; il++) {
-            if (gap[il] < gap_min) continue;
-            compared++;
+            int differ = 0;
             for (int s = 0; s < k; s++) /* the same set (the order may differ in ties) */
             {
                 bool found = false;
                 for (int j = 0; j < k; j++)
                     found |= rec.ids[il][t][j] == want[il * k + s];
-                if (!found) (*mismatch)++;
+                differ += !found;
             }
+            if (gap[il] < gap_min) {
+                tie[t] |= differ > 0;
+                continue;
+            }
+            compared++;
+            *mismatch += differ;
         }
     }
     return compared;
@@ -96,9 +113,12 @@ static int compare_experts(const char *dir, int p, int n, int n_layer, int k, fl
 /* Where the goldens of this repository live (the others: NM_VECTORS_DIR). */
 #define OWN_VECTORS NM_SOURCE_DIR "/tests/vectors"
 
-/* tol: the largest max|d| / max|golden| of a row; expert sets are compared
- * where the golden router gap is at least gap_min, greedy tokens up to the
- * first golden margin below margin_min. */
+/* tol: the largest max|d| / max|golden| of a row, over the positions
+ * whose experts are the golden ones where the router gap is below gap_min
+ * (a near tie picked the other way moves that position's logits by far
+ * more: at most one stored position in eight may be left out); expert sets
+ * are compared where the golden router gap is at least gap_min, greedy
+ * tokens up to the first golden margin below margin_min. */
 static void run_model(const char *base, const char *name, nm_compat compat, double tol,
                       float gap_min, float margin_min) {
     char dir[512], path[1024];
@@ -118,12 +138,19 @@ static void run_model(const char *base, const char *name, nm_compat compat, doub
     float *logits = malloc((size_t)MAX_IDS * nv * sizeof(float));
     float *split = malloc((size_t)MAX_IDS * nv * sizeof(float));
     double worst_all = 0;
+    int n_stored = 0, n_left_out = 0;
+    static bool tie[MAX_IDS];
     for (int p = 0; p < N_PROMPTS; p++) {
         int32_t ids[MAX_IDS];
         snprintf(path, sizeof path, "%s/prompts.txt", dir);
         int n = nm_test_read_ints(path, p, ids, MAX_IDS);
         CHECK(n > 0);
         if (n <= 0) continue;
+        int32_t stored[MAX_IDS];
+        snprintf(path, sizeof path, "%s/positions.txt", dir);
+        const int n_pos = nm_test_read_ints(path, p, stored, MAX_IDS);
+        for (int r = 0; r < n_pos; r++)
+            n_stored += stored[r] < n;
         const int configs[2][2] = {{512, 1}, {16, 2}};
         for (int c = 0; c < 2; c++) {
             nm_session *s = nm_test_new_session(m, configs[c][0], configs[c][1]);
@@ -137,19 +164,24 @@ static void run_model(const char *base, const char *name, nm_compat compat, doub
             st = nm_session_eval(s, ids, n, logits, true, &err);
             if (c == 0) m->route = rec.inner;
             CHECK_INT_EQ(st, NM_OK);
-            double e = nm_test_golden_worst(dir, p, logits, n, nv);
-            printf("%s prompt %d (%d tokens) batch %d threads %d: max rel %.3g\n", name, p, n,
-                   configs[c][0], configs[c][1], e);
-            CHECK(e < tol);
-            if (e > worst_all) worst_all = e;
-            if (c == 0) {
+            if (c == 0) { /* the other runs route as this one: rows do not depend on batching */
                 int mismatch = 0;
-                int compared = compare_experts(dir, p, n, n_layer, k, gap_min, &mismatch);
+                int compared = compare_experts(dir, p, n, n_layer, k, gap_min, &mismatch, tie);
                 printf("%s prompt %d: experts of %d (position, layer) pairs compared, %d differ\n",
                        name, p, compared, mismatch);
                 CHECK(compared > 0);
                 CHECK_INT_EQ(mismatch, 0);
             }
+            int left_out = 0;
+            double e = nm_test_golden_worst_except(dir, p, logits, n, nv, tie, &left_out);
+            printf("%s prompt %d (%d tokens) batch %d threads %d: max rel %.3g", name, p, n,
+                   configs[c][0], configs[c][1], e);
+            if (left_out)
+                printf(" (%d positions with an expert changed at a near tie left out)", left_out);
+            printf("\n");
+            CHECK(e < tol);
+            if (e > worst_all) worst_all = e;
+            if (c == 0) n_left_out += left_out;
             nm_session_free(s);
         }
         nm_session *s = nm_test_new_session(m, 512, 2);
@@ -159,7 +191,8 @@ static void run_model(const char *base, const char *name, nm_compat compat, doub
         for (int t = half; t < n; t++)
             CHECK_INT_EQ(nm_session_eval(s, ids + t, 1, split + (size_t)t * nv, false, &err),
                          NM_OK);
-        double e = nm_test_golden_worst(dir, p, split, n, nv);
+        int left_out = 0;
+        double e = nm_test_golden_worst_except(dir, p, split, n, nv, tie, &left_out);
         printf("%s prompt %d split %d + %d x 1: max rel %.3g\n", name, p, half, n - half, e);
         CHECK(e < tol);
 
@@ -187,8 +220,10 @@ static void run_model(const char *base, const char *name, nm_compat compat, doub
         CHECK_INT_EQ(same, judged);
         nm_session_free(s);
     }
-    printf("%s: worst max rel over every prompt and batching %.3g (tolerance %.0e)\n", name,
-           worst_all, tol);
+    printf("%s: worst max rel over every prompt and batching %.3g (tolerance %.0e); %d of %d "
+           "stored positions left out\n",
+           name, worst_all, tol, n_left_out, n_stored);
+    CHECK(8 * n_left_out <= n_stored);
     free(logits);
     free(split);
     nm_model_free(m);

@@ -1,5 +1,6 @@
 /* Every kernel variant this CPU supports against the reference kernels:
- * matmul for F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights on awkward sizes
+ * matmul for F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K/MXFP4 weights on awkward
+ * sizes
  * (1 row, m around the tile sizes, K not a multiple of the vector width,
  * very long rows), results independent of the row count and of the column
  * range, attention; Q8_0 dequantisation against its closed form; and the
@@ -15,8 +16,8 @@
  * it adds sum_k |w_k| d_b(k) (1/2 + 2^-14), plus the float error of its
  * block sums and scales, (n_blocks + 4) 2^-24 sum_k a_k (|x_k| + d_b(k))
  * with a_k = |w_k| (Q4_K/Q5_K: |w_k| + 2 dmin mn, as w_k = (d sc) q - dmin mn
- * can cancel). It is also checked against this file's own model of that
- * computation (the same codes, summed in double) within that float term
+ * can cancel; MXFP4 also with the denormal and huge E8M0 scales). It is also checked against this
+ * file's own model of that computation (the same codes, summed in double) within that float term
  * alone. */
 #include "harness.h"
 
@@ -399,6 +400,52 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     free(y1);
 }
 
+/* MXFP4 blocks whose E8M0 scales are all in [e_lo, e_hi] (the random
+ * ones of make_weights stay in 118..126), with activations in
+ * (-x_scale, x_scale) so that the products are normal floats: 0 and 1
+ * give the denormal scales 2^-128 and 2^-127, 250 gives 2^122. Checked as
+ * check_matmul checks a variant that quantises: against the reference and
+ * the model, the repacked layout's bits, and amx's. */
+static void check_mxfp4_scales(nm_kernels_isa isa, int e_lo, int e_hi, float x_scale, int64_t m) {
+    const int64_t n = 35, k = 320;
+    size_t rb = 0;
+    float *wf = malloc((size_t)(n * k) * sizeof(float));
+    uint8_t *w = make_weights(NM_DTYPE_MXFP4, n, k, wf, &rb);
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t b = 0; b < k / NM_MXFP4_BLOCK; b++)
+            w[(size_t)j * rb + (size_t)b * NM_MXFP4_BYTES] =
+                (uint8_t)(e_lo + random_byte() % (e_hi - e_lo + 1));
+        nm_dequantize_row(NM_DTYPE_MXFP4, w + (size_t)j * rb, wf + j * k, k);
+    }
+    float *x = malloc((size_t)(m * k) * sizeof(float));
+    float *y = malloc((size_t)(m * n) * sizeof(float));
+    float *yr = malloc((size_t)(m * n) * sizeof(float));
+    double *a = malloc((size_t)(n * k) * sizeof(double));
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = x_scale * frand();
+    const nm_mat mat = {.data = w, .type = NM_DTYPE_MXFP4, .n = n, .k = k, .row_bytes = rb};
+    nm_matmul_ref_forward(&mat, x, k, m, yr, n, 0, n);
+    CHECK(nm_kernels_force(isa));
+    nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
+    rounding_magnitudes(NM_DTYPE_MXFP4, w, rb, wf, n, k, a);
+    double worst = 0;
+    const int bad = check_vnni(x, wf, a, y, yr, m, n, k, &worst);
+    if (bad)
+        fprintf(stderr, "%s mxfp4 scales %d..%d, m=%lld: %d outside, worst rel %.3g\n",
+                nm_kernels_isa_name(isa), e_lo, e_hi, (long long)m, bad, worst);
+    CHECK_INT_EQ(bad, 0);
+    check_repacked(&mat, x, m, y);
+#if defined(__x86_64__)
+    if (isa == NM_KERNELS_AMX) check_amx(&mat, x, m, y);
+#endif
+    free(w);
+    free(wf);
+    free(x);
+    free(y);
+    free(yr);
+    free(a);
+}
+
 /* Attention outputs against the reference's: they are averages of values
  * in [-1, 1], float sums of t terms. */
 static void check_attention_out(const char *what, nm_kernels_isa isa, const float *o,
@@ -539,8 +586,8 @@ static bool multiplies_exactly(nm_kernels_isa isa, uint32_t type) {
         return true;
     case NM_KERNELS_AVX512BF16:
         return type != NM_DTYPE_BF16 && type != NM_DTYPE_Q8_0;
-    default: /* avx512vnni and amx take MXFP4 through avx512's float path */
-        return type == NM_DTYPE_MXFP4;
+    default: /* avx512vnni and amx quantise for every quantised type */
+        return false;
     }
 }
 
@@ -661,6 +708,11 @@ int main(void) {
                 const int64_t bs = nm_dtype_traits_of(types[t])->block_size;
                 const int64_t k = (shapes[s][2] + bs - 1) / bs * bs;
                 check_matmul((nm_kernels_isa)isa, types[t], shapes[s][0], shapes[s][1], k);
+            }
+        if (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX)
+            for (int64_t m = 1; m <= 20; m += 19) {
+                check_mxfp4_scales((nm_kernels_isa)isa, 0, 3, 0x1.0p100f, m);
+                check_mxfp4_scales((nm_kernels_isa)isa, 246, 250, 0x1.0p-100f, m);
             }
         check_attention((nm_kernels_isa)isa, 4, 2, 2, 3);
         check_attention((nm_kernels_isa)isa, 8, 2, 20, 1);

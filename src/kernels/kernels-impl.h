@@ -11,18 +11,13 @@
 
 /* Q4_0, MXFP4 and the K-quants: the float-path variants widen such rows
  * NM_QUANT_CHUNK elements at a time (one K-quant super-block, eight Q4_0
- * or MXFP4 blocks). */
+ * or MXFP4 blocks); avx512vnni computes them in int8 and lays them out in
+ * NM_LAYOUT_PANEL16. */
 enum { NM_QUANT_CHUNK = 256 };
 
 static inline bool nm_kernels_is_block_quant(uint32_t type) {
     return type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K ||
            type == NM_DTYPE_Q6_K || type == NM_DTYPE_MXFP4;
-}
-
-/* The block-quantised types avx512vnni computes in int8 and lays out in
- * NM_LAYOUT_PANEL16 (not MXFP4, which goes through avx512's float path). */
-static inline bool nm_kernels_is_vnni_block_quant(uint32_t type) {
-    return nm_kernels_is_block_quant(type) && type != NM_DTYPE_MXFP4;
 }
 
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */
@@ -121,8 +116,8 @@ void nm_matmul_avx512_forward(const nm_mat *w, const float *x, int64_t ldx, int6
 void nm_dequantize_avx512_row(uint32_t type, const void *src, float *dst, int64_t n);
 void nm_matmul_avx512bf16_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                   int64_t ldy, int64_t j0, int64_t j1);
-/* Activations quantised to int8 blocks for Q8_0, Q4_0, Q4_K, Q5_K and
- * Q6_K weights (x86/avx512vnni.c); BF16 as avx512bf16, others as avx512. */
+/* Activations quantised to int8 blocks for Q8_0, Q4_0, Q4_K, Q5_K, Q6_K
+ * and MXFP4 weights (x86/avx512vnni.c); BF16 as avx512bf16, others as avx512. */
 void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                   int64_t ldy, int64_t j0, int64_t j1);
 /* nm_matmul_swiglu_forward under avx512vnni: quantised gate and up that

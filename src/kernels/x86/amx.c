@@ -15,9 +15,9 @@
  * accumulation order (not that of vdpbf16ps) makes it. So the bits do not
  * depend on m or [j0, j1), but they are not avx512bf16's.
  *
- * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K weights: the activations quantised to int8
- * blocks as avx512vnni does (vnni-blocks.h), as tile A (16 rows x one block
- * of 32 codes); the weights unpacked as avx512vnni unpacks them, NC = 16
+ * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4 weights: the activations quantised
+ * to int8 blocks as avx512vnni does (vnni-blocks.h), as tile A (16 rows x
+ * one block of 32 codes); the weights unpacked as avx512vnni unpacks them, NC = 16
  * rows per panel, which is tile B (8 rows x 16 outputs x 4 codes). One tile
  * product per unit of 32 weights (Q6_K: two, one per half, each with its
  * scale) gives the exact int32 sums that vpdpbusd gives, and the scales are
@@ -433,7 +433,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
     NM_ASSERT(k % fetch_k == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || nm_kernels_is_vnni_block_quant(type));
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
     NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
                       w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     const int64_t kc = k < KC ? k : KC;

@@ -1,10 +1,10 @@
-/* AVX512-VNNI matmul for quantised weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K):
- * activations are quantised to int8 in blocks of 32 and multiplied with
- * vpdpbusd (64 byte products per instruction), as llama.cpp and ik_llama.cpp
- * do; not exact: each activation moves by up to half its block's step. F32
- * and F16 weights go to the avx512 variant, BF16 to avx512bf16. Compiled
- * with -mavx512f/bw/vl/dq -mavx512vnni -mavx512bf16 -mfma -mf16c; only
- * called when CPUID reports them.
+/* AVX512-VNNI matmul for quantised weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+ * MXFP4): activations are quantised to int8 in blocks of 32 and multiplied
+ * with vpdpbusd (64 byte products per instruction), as llama.cpp and
+ * ik_llama.cpp do; not exact: each activation moves by up to half its
+ * block's step. F32 and F16 weights go to the avx512 variant, BF16 to
+ * avx512bf16. Compiled with -mavx512f/bw/vl/dq -mavx512vnni -mavx512bf16
+ * -mfma -mf16c; only called when CPUID reports them.
  *
  * Activations: block b of a row (32 values x) gets the float scale
  * d = max|x| / 127 and codes q = nearest-even integer of x * (1 / d) (d and
@@ -13,12 +13,18 @@
  *
  * Weights: 16 weight rows (outputs) are processed at once, one per 32-bit
  * lane, with their codes as unsigned bytes (Q8_0 codes + 128, Q4_0 and
- * K-quant codes as stored); the activation's codes k..k+3 are broadcast to
- * every lane. A unit of 32 weights (a Q8_0/Q4_0 block, a K-quant sub-block
- * or pair of Q6_K sub-blocks) meets one activation block; output (i, j) is,
+ * K-quant codes as stored, MXFP4 values v + 12: an E2M1 nibble's value
+ * doubled, v in nm_mxfp4_values, from -12 to 12); the activation's codes
+ * k..k+3 are broadcast to every lane. A unit of 32 weights (a Q8_0, Q4_0
+ * or MXFP4 block, a K-quant sub-block or pair of Q6_K sub-blocks) meets
+ * one activation block; output (i, j) is,
  * from acc = 0, over the units in order (Q6_K: within each half of a
  * super-block, units 0, 2, 1, 3, which share their low-bit bytes in pairs):
  *     Q8_0, Q4_0: acc = fma((float)dot, dw * d, acc)
+ *     MXFP4:      acc = fma((float)dot, s * d, acc), s = 2^(e - 128):
+ *                 half the block's E8M0 scale 2^(e - 127), as v is twice
+ *                 the E2M1 value (nm_e8m0_half_to_f32, a float for every
+ *                 e; s * d rounds only below FLT_MIN)
  *     Q4_K, Q5_K: acc = fma((float)dot, (dk * sc) * d, acc);
  *                 acc = fma(dmin * mn, -(d * sum q), acc)
  *     Q6_K:       acc = fma((float)(sc1 dot1 + sc2 dot2), dk * d, acc)
@@ -241,7 +247,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
     /* rows in whole groups of the panel16 layout (0 in the file's) */
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || nm_kernels_is_vnni_block_quant(type));
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
     NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
                       w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     /* Several row tiles share a panel, repacked once per row block; one tile
@@ -283,12 +289,13 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
 static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off, size_t at,
                          uint8_t *pb) {
     __m512i v[8];
-    if (type == NM_DTYPE_Q4_0) {
+    if (type == NM_DTYPE_Q4_0 || type == NM_DTYPE_MXFP4) {
+        const size_t scale_bytes = type == NM_DTYPE_Q4_0 ? 2 : 1; /* f16 or E8M0 */
         for (int c = 0; c < NC; c++)
-            memcpy(pb + 2 * c, rows + off[c] + at, 2);
-        q4_0_nibbles(rows, off, at, v);
+            memcpy(pb + scale_bytes * c, rows + off[c] + at, scale_bytes);
+        block_nibbles(rows, off, at + scale_bytes, v);
         for (int t = 0; t < 4; t++)
-            _mm512_storeu_si512(pb + 2 * NC + 64 * t, v[t]);
+            _mm512_storeu_si512(pb + scale_bytes * NC + 64 * t, v[t]);
         return;
     }
     for (int p = 0; p < 4; p++) {
@@ -317,7 +324,7 @@ static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off,
 
 void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
     const uint32_t type = w->type;
-    NM_ASSERT(nm_kernels_is_vnni_block_quant(type) && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(nm_kernels_is_block_quant(type) && w->layout == NM_LAYOUT_ROWS);
     NM_ASSERT(w->k % (QB * units_per_fetch(type)) == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const size_t fb = fetch_bytes(type);
@@ -337,8 +344,7 @@ void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
 }
 
 bool nm_matmul_avx512vnni_quantises(uint32_t type) {
-    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K ||
-           type == NM_DTYPE_Q5_K || type == NM_DTYPE_Q6_K;
+    return type == NM_DTYPE_Q8_0 || nm_kernels_is_block_quant(type);
 }
 
 /* Both entry points: w2 NULL (y2 unused) is the plain matmul. */
@@ -370,6 +376,7 @@ void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, 
     case NM_DTYPE_Q4_K:
     case NM_DTYPE_Q5_K:
     case NM_DTYPE_Q6_K:
+    case NM_DTYPE_MXFP4:
         matmul_any(w, NULL, x, ldx, m, y, ldy, NULL, 0, j0, j1);
         return;
     case NM_DTYPE_BF16:

@@ -20,8 +20,10 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* QB: elements per activation block; NC: outputs per panel (one per lane). */
-enum { QB = 32, NC = 16 };
+/* QB: elements per activation block; NC: outputs per panel (one per lane);
+ * MX_OFFSET: added to MXFP4's values (-12..12, nm_mxfp4_values) to make
+ * them the unsigned bytes vpdpbusd reads. */
+enum { QB = 32, NC = 16, MX_OFFSET = 12 };
 
 /* Per activation block: the scale d; the offset corrections -o * sum q of
  * the weight codes' offset o over the block (c) or over its halves (c, c2:
@@ -84,6 +86,9 @@ static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t
             break;
         case NM_DTYPE_Q4_0:
             m.c = -8 * (s0 + s1);
+            break;
+        case NM_DTYPE_MXFP4:
+            m.c = -MX_OFFSET * (s0 + s1);
             break;
         case NM_DTYPE_Q6_K:
             m.c = -32 * s0;
@@ -154,9 +159,9 @@ ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
         v[t] = _mm512_loadu_si512(p + 64 * t);
 }
 
-/* ---- Q8_0 and Q4_0: one block of 32 per fetch. In the panel16 layout
- * (Q4_0 only) a block of the NC rows is their NC f16 d, then the four
- * vectors of q4_0_nibbles ---- */
+/* ---- Q8_0, Q4_0 and MXFP4: one block of 32 per fetch. In the panel16
+ * layout (Q4_0 and MXFP4) a block of the NC rows is their NC scales (Q4_0:
+ * f16 d, MXFP4: the E8M0 bytes), then the four vectors of block_nibbles ---- */
 
 /* The codes of the Q8_0 blocks at byte at of the NC rows, + 128 (as
  * unsigned bytes), transposed: q[t] lane c holds codes 4t..4t+3 of row c. */
@@ -167,17 +172,17 @@ ALWAYS_INLINE void q8_0_codes(const uint8_t *w, const int32_t *off, size_t at, _
         q[t] = _mm512_xor_si512(q[t], flip);
 }
 
-/* The packed nibbles of the Q4_0 blocks at byte at of the NC rows: register
- * p starts as [row p | p + 4 | p + 8 | p + 12] (4 dwords each); dword then
- * qword interleaves leave in r[t] dword t of every row in order, whose low
- * nibbles are codes 4t.. and high nibbles 16 + 4t.. */
-ALWAYS_INLINE void q4_0_nibbles(const uint8_t *w, const int32_t *off, size_t at, __m512i *r) {
+/* The 16 bytes of packed nibbles at byte at of the NC rows (a Q4_0 or
+ * MXFP4 block's qs): register p starts as [row p | p + 4 | p + 8 | p + 12]
+ * (4 dwords each); dword then qword interleaves leave in r[t] dword t of
+ * every row in order, whose low nibbles are codes 4t.. and high nibbles
+ * 16 + 4t.. */
+ALWAYS_INLINE void block_nibbles(const uint8_t *w, const int32_t *off, size_t at, __m512i *r) {
     for (int p = 0; p < 4; p++) {
-        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w + off[p] + at + 2)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 4] + at + 2)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 8] + at + 2)), 2);
-        r[p] =
-            _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 12] + at + 2)), 3);
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w + off[p] + at)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 4] + at)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 8] + at)), 2);
+        r[p] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(w + off[p + 12] + at)), 3);
     }
     const __m512i lo01 = _mm512_unpacklo_epi32(r[0], r[1]),
                   hi01 = _mm512_unpackhi_epi32(r[0], r[1]);
@@ -189,31 +194,59 @@ ALWAYS_INLINE void q4_0_nibbles(const uint8_t *w, const int32_t *off, size_t at,
     r[3] = _mm512_unpackhi_epi64(hi01, hi23);
 }
 
-/* Block b of the NC rows: Q8_0 (the file's rows only) or Q4_0 (codes as
- * unsigned bytes). */
+/* 2^(e - 128) for the E8M0 bytes e (0..255, lanes) as nm_e8m0_half_to_f32
+ * gives it: the exponent field e - 1, or for e = 0, 1 the denormals 2^-128,
+ * 2^-127 (bit 21 + e of the fraction). Exact: every value is a float. */
+ALWAYS_INLINE __m512 e8m0_half(__m512i e) {
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal));
+}
+
+/* Block b of the NC rows: Q8_0 (the file's rows only), Q4_0 (codes as
+ * unsigned bytes) or MXFP4 (each nibble's value nm_mxfp4_values + MX_OFFSET,
+ * looked up 16 at a time by vpshufb). */
 ALWAYS_INLINE void fetch_block(uint32_t type, int packed, const wsrc *src, int64_t b,
                                wpanel_block *o) {
-    const size_t at = (size_t)b * (type == NM_DTYPE_Q8_0 ? NM_Q8_0_BYTES : NM_Q4_0_BYTES);
+    const size_t bytes = type == NM_DTYPE_Q8_0   ? NM_Q8_0_BYTES
+                         : type == NM_DTYPE_Q4_0 ? NM_Q4_0_BYTES
+                                                 : NM_MXFP4_BYTES;
+    const size_t at = (size_t)b * bytes;
     if (type == NM_DTYPE_Q8_0) {
         o->s = gather_f16(src->w + at, src->voff);
         q8_0_codes(src->w, src->off, at, o->q);
         return;
     }
+    const int mx = type == NM_DTYPE_MXFP4;
+    const size_t scale_bytes = mx ? 1 : 2; /* E8M0 or f16 */
     const uint8_t *pb = packed ? src->pk + NC * at : NULL;
-    if (packed)
+    if (packed && mx)
+        o->s = e8m0_half(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)pb)));
+    else if (packed)
         o->s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+    else if (mx) /* the word from the scale byte on, its low byte */
+        o->s = e8m0_half(_mm512_and_si512(_mm512_i32gather_epi32(src->voff, src->w + at, 1),
+                                          _mm512_set1_epi32(0xff)));
     else
         o->s = gather_f16(src->w + at, src->voff);
     __m512i r[4];
     if (packed)
         for (int t = 0; t < 4; t++)
-            r[t] = _mm512_loadu_si512(pb + 2 * NC + 64 * t);
+            r[t] = _mm512_loadu_si512(pb + scale_bytes * NC + 64 * t);
     else
-        q4_0_nibbles(src->w, src->off, at, r);
+        block_nibbles(src->w, src->off, at + scale_bytes, r);
     const __m512i nib = _mm512_set1_epi8(0x0f);
+    /* nm_mxfp4_values + MX_OFFSET, in each 128-bit lane */
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     for (int t = 0; t < 4; t++) {
         o->q[t] = _mm512_and_si512(r[t], nib);
         o->q[t + 4] = _mm512_and_si512(_mm512_srli_epi32(r[t], 4), nib);
+        if (mx) {
+            o->q[t] = _mm512_shuffle_epi8(lut, o->q[t]);
+            o->q[t + 4] = _mm512_shuffle_epi8(lut, o->q[t + 4]);
+        }
     }
 }
 
@@ -283,7 +316,7 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  * one after another, each as NC * fetch_bytes bytes that are what the
  * registers get from the NC rows of the file, in the order a tile reads
  * them (the hardware prefetchers follow one ascending stream far better
- * than jumps). Q4_0: see fetch_block. K-quants:
+ * than jumps). Q4_0 and MXFP4: see fetch_block. K-quants:
  *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
  *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
  *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
@@ -292,7 +325,8 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  *   the codes of parts 0..3, each as the 8 vectors transpose32 gives of its
  *   code bytes (kq_codes_at); Q6_K: qh[32h..] transposed before the first
  *   part of half h that uses it.
- * The same size as the file's rows (NC * 144, 176 or 210 bytes); the rows
+ * The same size as the file's rows (NC * 18, 17, 144, 176 or 210 bytes per
+ * fetch); the rows
  * after the last whole group keep the file's layout. */
 /* bytes of 8 vectors; of the Q4_K/Q5_K scales; where Q6_K's d start, and
  * its scales end */
@@ -437,10 +471,13 @@ ALWAYS_INLINE void fetch_kq(uint32_t type, int packed, const wsrc *src, int64_t 
         kq_codes(type, packed, src, sb, p, h, o[kq_unit(type, p, 0)].q, o[kq_unit(type, p, 1)].q);
 }
 
-/* Units of 32 weights one fetch gives: a block, or a K-quant super-block. */
-ALWAYS_INLINE int units_per_fetch(uint32_t type) {
-    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 1 : NM_QK_K / QB;
+/* Whether one fetch is one block of 32 (not a K-quant super-block). */
+ALWAYS_INLINE int is_block32(uint32_t type) {
+    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_MXFP4;
 }
+
+/* Units of 32 weights one fetch gives: a block, or a K-quant super-block. */
+ALWAYS_INLINE int units_per_fetch(uint32_t type) { return is_block32(type) ? 1 : NM_QK_K / QB; }
 
 /* Bytes of one row that one fetch reads. */
 ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
@@ -449,6 +486,8 @@ ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
         return NM_Q8_0_BYTES;
     case NM_DTYPE_Q4_0:
         return NM_Q4_0_BYTES;
+    case NM_DTYPE_MXFP4:
+        return NM_MXFP4_BYTES;
     default:
         return kq_bytes(type);
     }
@@ -456,7 +495,7 @@ ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
 
 /* Fetch g (block or super-block) of the NC rows into o[units_per_fetch]. */
 ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, wpanel_block *o) {
-    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0)
+    if (is_block32(type))
         fetch_block(type, packed, src, g, o);
     else
         fetch_kq(type, packed, src, g, o);
@@ -485,6 +524,9 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
             break;                                                                                 \
         case NM_DTYPE_Q6_K:                                                                        \
             CALL(NM_DTYPE_Q6_K);                                                                   \
+            break;                                                                                 \
+        case NM_DTYPE_MXFP4:                                                                       \
+            CALL(NM_DTYPE_MXFP4);                                                                  \
             break;                                                                                 \
         default:                                                                                   \
             NM_ASSERT(!"not a type the int8 kernels quantise for");                                \
