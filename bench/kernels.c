@@ -200,9 +200,10 @@ static int bench_swiglu(int reps, const char *type_name, const char *isa_name, c
     for (uint32_t t = 0; t < NM_DTYPE_COUNT; t++)
         if (nm_dtype_is_supported(t) && strcmp(nm_dtype_name(t), type_name) == 0) type = t;
     if (type == NM_DTYPE_COUNT || !nm_kernels_isa_parse(isa_name, &isa) || !nm_kernels_force(isa) ||
-        sscanf(shape, "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 256 ||
-        k % 256 != 0 || reps < 1) {
-        fprintf(stderr, "usage: nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK (K %% 256 == 0)\n");
+        sscanf(shape, "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 32 ||
+        k % nm_dtype_traits_of(type)->block_size != 0 || reps < 1) {
+        fprintf(stderr, "usage: nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK (K a multiple "
+                        "of the type's block)\n");
         return 2;
     }
     size_t rb;
@@ -309,9 +310,12 @@ int main(int argc, char **argv) {
     int n_tests = 5;
     if (argc > 4) {
         long long m, n, k;
-        if (sscanf(argv[4], "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 256 ||
-            k % 256 != 0 || m * k > (1ll << 28) || n * k > (1ll << 32)) {
-            fprintf(stderr, "shape %s: want MxNxK, K a multiple of 256\n", argv[4]);
+        if (sscanf(argv[4], "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 32 ||
+            k % 32 != 0 || m * k > (1ll << 28) || n * k > (1ll << 32)) {
+            fprintf(stderr,
+                    "shape %s: want MxNxK, K a multiple of 32 (types of larger blocks "
+                    "are left out where it is not one of theirs)\n",
+                    argv[4]);
             return 2;
         }
         tests[0].name = m == 1 ? "gemv" : "gemm";
@@ -325,6 +329,7 @@ int main(int argc, char **argv) {
     for (int t = 0; t < n_types; t++)
         for (int s = 0; s < n_tests; s++) {
             if (only_type && strcmp(only_type, nm_dtype_name(types[t])) != 0) continue;
+            if (tests[s].k % nm_dtype_traits_of(types[t])->block_size != 0) continue;
             size_t rb;
             const int64_t m = tests[s].m, n = tests[s].n, k = tests[s].k, n_mat = tests[s].n_mat;
             uint8_t *wd = make_weights(types[t], n * n_mat, k, &rb);
