@@ -417,9 +417,8 @@ static void check_mxfp4_scales(nm_kernels_isa isa, int e_lo, int e_hi, float x_s
                 (uint8_t)(e_lo + random_byte() % (e_hi - e_lo + 1));
         nm_dequantize_row(NM_DTYPE_MXFP4, w + (size_t)j * rb, wf + j * k, k);
     }
-    float *x = malloc((size_t)(m * k) * sizeof(float));
-    float *y = malloc((size_t)(m * n) * sizeof(float));
-    float *yr = malloc((size_t)(m * n) * sizeof(float));
+    float *x = malloc((size_t)(m * k + 2 * m * n) * sizeof(float)); /* x, then y and yr */
+    float *y = x + m * k, *yr = y + m * n;
     double *a = malloc((size_t)(n * k) * sizeof(double));
     for (int64_t i = 0; i < m * k; i++)
         x[i] = x_scale * frand();
@@ -441,8 +440,6 @@ static void check_mxfp4_scales(nm_kernels_isa isa, int e_lo, int e_hi, float x_s
     free(w);
     free(wf);
     free(x);
-    free(y);
-    free(yr);
     free(a);
 }
 

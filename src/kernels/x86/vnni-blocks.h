@@ -326,8 +326,7 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  *   code bytes (kq_codes_at); Q6_K: qh[32h..] transposed before the first
  *   part of half h that uses it.
  * The same size as the file's rows (NC * 18, 17, 144, 176 or 210 bytes per
- * fetch); the rows
- * after the last whole group keep the file's layout. */
+ * fetch); the rows after the last whole group keep the file's layout. */
 /* bytes of 8 vectors; of the Q4_K/Q5_K scales; where Q6_K's d start, and
  * its scales end */
 enum {
