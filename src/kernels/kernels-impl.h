@@ -20,9 +20,10 @@ static inline bool nm_kernels_is_block_quant(uint32_t type) {
 }
 
 /* The block-quantised types avx512vnni computes in int8 and lays out in
- * NM_LAYOUT_PANEL16 (not MXFP4, which goes through avx512's float path). */
+ * NM_LAYOUT_PANEL16: Q8_0 too (not MXFP4, which goes through avx512's
+ * float path). */
 static inline bool nm_kernels_is_vnni_block_quant(uint32_t type) {
-    return nm_kernels_is_block_quant(type) && type != NM_DTYPE_MXFP4;
+    return (nm_kernels_is_block_quant(type) && type != NM_DTYPE_MXFP4) || type == NM_DTYPE_Q8_0;
 }
 
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */

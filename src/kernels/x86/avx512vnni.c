@@ -212,7 +212,10 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
     const uint8_t *pf = kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
     const int64_t n_tiles = (i1 - i0 + RT_MAX - 1) / RT_MAX;
     const size_t fb = NC * fetch_bytes(type);
-    if (use_panel) fill_panel(type, &src, kn / fetch_k, panel);
+    /* Q8_0 in the panel16 layout is what its panel would hold (scales and
+     * codes by plain loads): the row tiles read the group in place */
+    const int fill = use_panel && !(type == NM_DTYPE_Q8_0 && src.pk);
+    if (fill) fill_panel(type, &src, kn / fetch_k, panel);
     for (int64_t i = i0; i < i1; i += RT_MAX) {
         const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
         /* a panel's tiles share the next rows' lines, tile t the t-th
@@ -222,7 +225,7 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
         const uint8_t *pf_t = !pf         ? NULL
                               : use_panel ? pf + (size_t)t * pf_fb * (size_t)(kn / fetch_k)
                                           : pf;
-        tile_src(type, rt, use_panel ? panel : NULL, &src, xq + (i - i0) * kn, kn,
+        tile_src(type, rt, fill ? panel : NULL, &src, xq + (i - i0) * kn, kn,
                  xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf_t, pf_fb);
     }
     return rows.je;
@@ -283,11 +286,15 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
 static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off, size_t at,
                          uint8_t *pb) {
     __m512i v[8];
-    if (type == NM_DTYPE_Q4_0) {
+    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0) {
         for (int c = 0; c < NC; c++)
             memcpy(pb + 2 * c, rows + off[c] + at, 2);
-        q4_0_nibbles(rows, off, at, v);
-        for (int t = 0; t < 4; t++)
+        const int n_vec = type == NM_DTYPE_Q8_0 ? 8 : 4;
+        if (type == NM_DTYPE_Q8_0)
+            q8_0_codes(rows, off, at, v);
+        else
+            q4_0_nibbles(rows, off, at, v);
+        for (int t = 0; t < n_vec; t++)
             _mm512_storeu_si512(pb + 2 * NC + 64 * t, v[t]);
         return;
     }

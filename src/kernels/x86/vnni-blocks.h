@@ -154,9 +154,9 @@ ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
         v[t] = _mm512_loadu_si512(p + 64 * t);
 }
 
-/* ---- Q8_0 and Q4_0: one block of 32 per fetch. In the panel16 layout
- * (Q4_0 only) a block of the NC rows is their NC f16 d, then the four
- * vectors of q4_0_nibbles ---- */
+/* ---- Q8_0 and Q4_0: one block of 32 per fetch. In the panel16 layout a
+ * block of the NC rows is their NC f16 d, then the eight vectors of
+ * q8_0_codes (Q8_0: codes + 128) or the four of q4_0_nibbles (Q4_0) ---- */
 
 /* The codes of the Q8_0 blocks at byte at of the NC rows, + 128 (as
  * unsigned bytes), transposed: q[t] lane c holds codes 4t..4t+3 of row c. */
@@ -189,21 +189,22 @@ ALWAYS_INLINE void q4_0_nibbles(const uint8_t *w, const int32_t *off, size_t at,
     r[3] = _mm512_unpackhi_epi64(hi01, hi23);
 }
 
-/* Block b of the NC rows: Q8_0 (the file's rows only) or Q4_0 (codes as
- * unsigned bytes). */
+/* Block b of the NC rows: Q8_0 or Q4_0 (codes as unsigned bytes). */
 ALWAYS_INLINE void fetch_block(uint32_t type, int packed, const wsrc *src, int64_t b,
                                wpanel_block *o) {
     const size_t at = (size_t)b * (type == NM_DTYPE_Q8_0 ? NM_Q8_0_BYTES : NM_Q4_0_BYTES);
-    if (type == NM_DTYPE_Q8_0) {
-        o->s = gather_f16(src->w + at, src->voff);
-        q8_0_codes(src->w, src->off, at, o->q);
-        return;
-    }
     const uint8_t *pb = packed ? src->pk + NC * at : NULL;
     if (packed)
         o->s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
     else
         o->s = gather_f16(src->w + at, src->voff);
+    if (type == NM_DTYPE_Q8_0) {
+        if (packed)
+            load8(pb + 2 * NC, o->q);
+        else
+            q8_0_codes(src->w, src->off, at, o->q);
+        return;
+    }
     __m512i r[4];
     if (packed)
         for (int t = 0; t < 4; t++)
@@ -283,7 +284,7 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  * one after another, each as NC * fetch_bytes bytes that are what the
  * registers get from the NC rows of the file, in the order a tile reads
  * them (the hardware prefetchers follow one ascending stream far better
- * than jumps). Q4_0: see fetch_block. K-quants:
+ * than jumps). Q8_0, Q4_0: see fetch_block. K-quants:
  *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
  *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
  *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
@@ -292,7 +293,8 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  *   the codes of parts 0..3, each as the 8 vectors transpose32 gives of its
  *   code bytes (kq_codes_at); Q6_K: qh[32h..] transposed before the first
  *   part of half h that uses it.
- * The same size as the file's rows (NC * 144, 176 or 210 bytes); the rows
+ * The same size as the file's rows (NC * 34 or 18 bytes per block, NC *
+ * 144, 176 or 210 per super-block); the rows
  * after the last whole group keep the file's layout. */
 /* bytes of 8 vectors; of the Q4_K/Q5_K scales; where Q6_K's d start, and
  * its scales end */
