@@ -212,7 +212,7 @@ bool nm_mat_repack_wanted(const nm_mat *w) {
 #if defined(__x86_64__)
     const nm_kernels_isa isa = nm_kernels_active();
     return (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) && w->layout == NM_LAYOUT_ROWS &&
-           w->n >= 16 && nm_kernels_is_block_quant(w->type);
+           w->n >= 16 && nm_kernels_is_panel16_type(w->type);
 #else
     (void)w;
     return false;

@@ -11,13 +11,18 @@
 
 /* Q4_0, MXFP4 and the K-quants: the float-path variants widen such rows
  * NM_QUANT_CHUNK elements at a time (one K-quant super-block, eight Q4_0
- * or MXFP4 blocks); avx512vnni computes them in int8 and lays them out in
- * NM_LAYOUT_PANEL16. */
+ * or MXFP4 blocks). */
 enum { NM_QUANT_CHUNK = 256 };
 
 static inline bool nm_kernels_is_block_quant(uint32_t type) {
     return type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K ||
            type == NM_DTYPE_Q6_K || type == NM_DTYPE_MXFP4;
+}
+
+/* The types avx512vnni and amx compute in int8 and lay out in
+ * NM_LAYOUT_PANEL16: Q8_0 and the block-quantised types. */
+static inline bool nm_kernels_is_panel16_type(uint32_t type) {
+    return type == NM_DTYPE_Q8_0 || nm_kernels_is_block_quant(type);
 }
 
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */

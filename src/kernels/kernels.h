@@ -95,9 +95,10 @@ int32_t nm_kernels_row_granule(void);
 bool nm_kernels_check_env(const char **bad);
 
 /* Whether the variant in use computes w faster from a copy in a layout of
- * its own: avx512vnni or amx (which reads the same layout) with Q4_0, Q4_K, Q5_K or Q6_K weights of
- * at least 16 rows, in the file's layout (Q8_0 rows, which need no unpacking, measured no faster
- * repacked; docs/PERFORMANCE.md). */
+ * its own: avx512vnni or amx (which reads the same layout) with Q8_0, Q4_0,
+ * Q4_K, Q5_K or Q6_K weights of at least 16 rows, in the file's layout
+ * (Q8_0: for prefill, whose panels then need no transposition; its decode
+ * measured no faster either way, docs/PERFORMANCE.md). */
 bool nm_mat_repack_wanted(const nm_mat *w);
 /* Writes the n * row_bytes bytes of w (one nm_mat_repack_wanted accepts) to
  * dst, which must not overlap them, in that layout, and returns the matrix

@@ -433,7 +433,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
     NM_ASSERT(k % fetch_k == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_panel16_type(type));
     NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
                       w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     const int64_t kc = k < KC ? k : KC;

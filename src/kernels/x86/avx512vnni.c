@@ -218,7 +218,10 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
     const uint8_t *pf = kn == k && jl + 2 * NC <= j1 ? wj + NC * w->row_bytes : NULL;
     const int64_t n_tiles = (i1 - i0 + RT_MAX - 1) / RT_MAX;
     const size_t fb = NC * fetch_bytes(type);
-    if (use_panel) fill_panel(type, &src, kn / fetch_k, panel);
+    /* Q8_0 in the panel16 layout is what its panel would hold (scales and
+     * codes by plain loads): the row tiles read the group in place */
+    const int fill = use_panel && !(type == NM_DTYPE_Q8_0 && src.pk);
+    if (fill) fill_panel(type, &src, kn / fetch_k, panel);
     for (int64_t i = i0; i < i1; i += RT_MAX) {
         const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
         /* a panel's tiles share the next rows' lines, tile t the t-th
@@ -228,7 +231,7 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
         const uint8_t *pf_t = !pf         ? NULL
                               : use_panel ? pf + (size_t)t * pf_fb * (size_t)(kn / fetch_k)
                                           : pf;
-        tile_src(type, rt, use_panel ? panel : NULL, &src, xq + (i - i0) * kn, kn,
+        tile_src(type, rt, fill ? panel : NULL, &src, xq + (i - i0) * kn, kn,
                  xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf_t, pf_fb);
     }
     return rows.je;
@@ -247,7 +250,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC); /* gather offsets are int32 */
     /* rows in whole groups of the panel16 layout (0 in the file's) */
     const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / NC * NC : 0;
-    NM_ASSERT(n_grouped == 0 || nm_kernels_is_block_quant(type));
+    NM_ASSERT(n_grouped == 0 || nm_kernels_is_panel16_type(type));
     NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
                       w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     /* Several row tiles share a panel, repacked once per row block; one tile
@@ -289,12 +292,16 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
 static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off, size_t at,
                          uint8_t *pb) {
     __m512i v[8];
-    if (type == NM_DTYPE_Q4_0 || type == NM_DTYPE_MXFP4) {
-        const size_t scale_bytes = type == NM_DTYPE_Q4_0 ? 2 : 1; /* f16 or E8M0 */
+    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_MXFP4) {
+        const size_t scale_bytes = type == NM_DTYPE_MXFP4 ? 1 : 2; /* E8M0 or f16 */
         for (int c = 0; c < NC; c++)
             memcpy(pb + scale_bytes * c, rows + off[c] + at, scale_bytes);
-        block_nibbles(rows, off, at + scale_bytes, v);
-        for (int t = 0; t < 4; t++)
+        const int n_vec = type == NM_DTYPE_Q8_0 ? 8 : 4;
+        if (type == NM_DTYPE_Q8_0)
+            q8_0_codes(rows, off, at, v);
+        else
+            block_nibbles(rows, off, at + scale_bytes, v);
+        for (int t = 0; t < n_vec; t++)
             _mm512_storeu_si512(pb + scale_bytes * NC + 64 * t, v[t]);
         return;
     }
@@ -324,7 +331,7 @@ static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off,
 
 void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
     const uint32_t type = w->type;
-    NM_ASSERT(nm_kernels_is_block_quant(type) && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(nm_kernels_is_panel16_type(type) && w->layout == NM_LAYOUT_ROWS);
     NM_ASSERT(w->k % (QB * units_per_fetch(type)) == 0);
     NM_ASSERT(w->row_bytes <= (size_t)INT32_MAX / NC);
     const size_t fb = fetch_bytes(type);
@@ -344,7 +351,7 @@ void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
 }
 
 bool nm_matmul_avx512vnni_quantises(uint32_t type) {
-    return type == NM_DTYPE_Q8_0 || nm_kernels_is_block_quant(type);
+    return nm_kernels_is_panel16_type(type);
 }
 
 /* Both entry points: w2 NULL (y2 unused) is the plain matmul. */

@@ -160,8 +160,9 @@ ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
 }
 
 /* ---- Q8_0, Q4_0 and MXFP4: one block of 32 per fetch. In the panel16
- * layout (Q4_0 and MXFP4) a block of the NC rows is their NC scales (Q4_0:
- * f16 d, MXFP4: the E8M0 bytes), then the four vectors of block_nibbles ---- */
+ * layout a block of the NC rows is their NC scales (Q8_0, Q4_0: f16 d,
+ * MXFP4: the E8M0 bytes), then the eight vectors of q8_0_codes (Q8_0:
+ * codes + 128) or the four of block_nibbles (Q4_0, MXFP4) ---- */
 
 /* The codes of the Q8_0 blocks at byte at of the NC rows, + 128 (as
  * unsigned bytes), transposed: q[t] lane c holds codes 4t..4t+3 of row c. */
@@ -204,20 +205,15 @@ ALWAYS_INLINE __m512 e8m0_half(__m512i e) {
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal));
 }
 
-/* Block b of the NC rows: Q8_0 (the file's rows only), Q4_0 (codes as
- * unsigned bytes) or MXFP4 (each nibble's value nm_mxfp4_values + MX_OFFSET,
- * looked up 16 at a time by vpshufb). */
+/* Block b of the NC rows: Q8_0 (codes + 128), Q4_0 (codes as unsigned
+ * bytes) or MXFP4 (each nibble's value nm_mxfp4_values + MX_OFFSET, looked
+ * up 16 at a time by vpshufb). */
 ALWAYS_INLINE void fetch_block(uint32_t type, int packed, const wsrc *src, int64_t b,
                                wpanel_block *o) {
     const size_t bytes = type == NM_DTYPE_Q8_0   ? NM_Q8_0_BYTES
                          : type == NM_DTYPE_Q4_0 ? NM_Q4_0_BYTES
                                                  : NM_MXFP4_BYTES;
     const size_t at = (size_t)b * bytes;
-    if (type == NM_DTYPE_Q8_0) {
-        o->s = gather_f16(src->w + at, src->voff);
-        q8_0_codes(src->w, src->off, at, o->q);
-        return;
-    }
     const int mx = type == NM_DTYPE_MXFP4;
     const size_t scale_bytes = mx ? 1 : 2; /* E8M0 or f16 */
     const uint8_t *pb = packed ? src->pk + NC * at : NULL;
@@ -230,6 +226,13 @@ ALWAYS_INLINE void fetch_block(uint32_t type, int packed, const wsrc *src, int64
                                           _mm512_set1_epi32(0xff)));
     else
         o->s = gather_f16(src->w + at, src->voff);
+    if (type == NM_DTYPE_Q8_0) {
+        if (packed)
+            load8(pb + scale_bytes * NC, o->q);
+        else
+            q8_0_codes(src->w, src->off, at, o->q);
+        return;
+    }
     __m512i r[4];
     if (packed)
         for (int t = 0; t < 4; t++)
@@ -316,7 +319,7 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  * one after another, each as NC * fetch_bytes bytes that are what the
  * registers get from the NC rows of the file, in the order a tile reads
  * them (the hardware prefetchers follow one ascending stream far better
- * than jumps). Q4_0 and MXFP4: see fetch_block. K-quants:
+ * than jumps). Q8_0, Q4_0 and MXFP4: see fetch_block. K-quants:
  *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
  *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
  *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
@@ -325,8 +328,8 @@ ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
  *   the codes of parts 0..3, each as the 8 vectors transpose32 gives of its
  *   code bytes (kq_codes_at); Q6_K: qh[32h..] transposed before the first
  *   part of half h that uses it.
- * The same size as the file's rows (NC * 18, 17, 144, 176 or 210 bytes per
- * fetch); the rows after the last whole group keep the file's layout. */
+ * The same size as the file's rows (NC * 34, 18, 17, 144, 176 or 210 bytes
+ * per fetch); the rows after the last whole group keep the file's layout. */
 /* bytes of 8 vectors; of the Q4_K/Q5_K scales; where Q6_K's d start, and
  * its scales end */
 enum {
