@@ -145,10 +145,9 @@ static nm_kernels_isa best_isa(void) {
     return NM_KERNELS_REF;
 }
 
+/* avx2 quantises the activations of quantised weights: not exact. */
 nm_kernels_isa nm_kernels_exact(void) {
-    for (int i = NM_KERNELS_AVX512; i > 0; i--)
-        if (nm_kernels_isa_supported((nm_kernels_isa)i)) return (nm_kernels_isa)i;
-    return NM_KERNELS_REF;
+    return nm_kernels_isa_supported(NM_KERNELS_AVX512) ? NM_KERNELS_AVX512 : NM_KERNELS_REF;
 }
 
 /* A variant's name, or "exact" for nm_kernels_exact(). */
@@ -254,7 +253,7 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
         nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
     case NM_KERNELS_AVX2:
-        nm_matmul_avx2_forward(w, x, ldx, m, y, ldy, j0, j1);
+        nm_matmul_avx2_int8_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
 #endif
     default:
@@ -280,6 +279,9 @@ void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x
             return;
         case NM_KERNELS_AVX512VNNI:
             nm_matmul_swiglu_avx512vnni_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+            return;
+        case NM_KERNELS_AVX2:
+            nm_matmul_swiglu_avx2_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
             return;
 #endif
         default:
