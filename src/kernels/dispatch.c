@@ -174,14 +174,20 @@ nm_kernels_isa nm_kernels_active(void) {
 }
 
 const char *nm_kernels_why(void) {
-    static char why[320]; /* for the command's info; not for concurrent callers */
+    static char why[400]; /* for the command's info; not for concurrent callers */
     const nm_kernels_isa isa = nm_kernels_active();
     const char *env = getenv("NPUMOE_KERNELS");
     nm_kernels_isa want;
     const bool asked = env && *env && env_variant(env, &want) && want == isa;
     const bool hw = nm_kernels_amx_hardware(); /* fills amx_note */
-    snprintf(why, sizeof why, "%s; amx: %s%s",
-             asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs", amx_note,
+    /* which variants keep FP32 activations for quantised weights */
+    const bool int8 =
+        isa == NM_KERNELS_AVX2 || isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX;
+    snprintf(why, sizeof why, "%s; %s; amx: %s%s",
+             asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs",
+             int8 ? "int8 activations for Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights"
+                  : "FP32 activations for quantised weights",
+             amx_note,
              nm_kernels_amx_emulated() ? " (this build emulates the tiles: amx only when asked for)"
              : hw ? " (tiles for BF16 matmuls and quantised ones of 12 rows or more)"
                   : "");
