@@ -17,7 +17,10 @@
  * with a_k = |w_k| (Q4_K/Q5_K: |w_k| + 2 dmin mn, as w_k = (d sc) q - dmin mn
  * can cancel). It is also checked against this file's own model of that
  * computation (the same codes, summed in double) within that float term
- * alone. */
+ * alone, and bit for bit against a scalar model of the int8 contract
+ * (contract_model: the same codes, exact integer unit sums, fmaf in the
+ * contract's order). avx2 quantises as avx512vnni for those types: the same
+ * checks, and avx512vnni's bits where this CPU runs both. */
 #include "harness.h"
 
 #include "gguf/gguf.h"

@@ -9,6 +9,9 @@
 #include "base/base.h"
 #include "tensor/tensor.h"
 
+#include <float.h>
+#include <math.h>
+
 /* Q4_0, MXFP4 and the K-quants: the float-path variants widen such rows
  * NM_QUANT_CHUNK elements at a time (one K-quant super-block, eight Q4_0
  * or MXFP4 blocks). */
@@ -23,6 +26,22 @@ static inline bool nm_kernels_is_block_quant(uint32_t type) {
  * NM_LAYOUT_PANEL16 (not MXFP4, which goes through avx512's float path). */
 static inline bool nm_kernels_is_vnni_block_quant(uint32_t type) {
     return nm_kernels_is_block_quant(type) && type != NM_DTYPE_MXFP4;
+}
+
+/* The int8 activation block scale of the contract at the top of
+ * x86/avx512vnni.c from a block's largest magnitude amax: d = amax / 127
+ * and *id = 1 / d; d and *id 0 when d is below FLT_MIN; d NaN (*id 0) when
+ * amax is not finite. */
+static inline float nm_int8_block_scale(float amax, float *id) {
+    float d = amax / 127.0f;
+    *id = 0.0f;
+    if (!(amax <= FLT_MAX)) /* NaN or infinity */
+        return NAN;
+    if (d >= FLT_MIN)
+        *id = 1.0f / d;
+    else
+        d = 0.0f;
+    return d;
 }
 
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */

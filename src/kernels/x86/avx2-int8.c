@@ -83,13 +83,8 @@ static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, xb
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float amax = _mm_cvtss_f32(h);
-        float d = amax / 127.0f, id = 0.0f;
-        if (!(amax <= FLT_MAX)) /* NaN or infinity */
-            d = NAN;
-        else if (d >= FLT_MIN)
-            id = 1.0f / d;
-        else
-            d = 0.0f;
+        float id;
+        const float d = nm_int8_block_scale(amax, &id);
         const __m256 idv = _mm256_set1_ps(id);
         __m256i qi[4];
         for (int i = 0; i < 4; i++) /* nearest even (the default MXCSR mode) */
@@ -166,18 +161,9 @@ ALWAYS_INLINE __m256 half_lo(__m256i v) {
 /* Bytes of one row per fetch (a block, or a K-quant super-block), and the
  * units of 32 weights one fetch holds. */
 ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
-    switch (type) {
-    case NM_DTYPE_Q8_0:
-        return NM_Q8_0_BYTES;
-    case NM_DTYPE_Q4_0:
-        return NM_Q4_0_BYTES;
-    case NM_DTYPE_Q4_K:
-        return NM_Q4_K_BYTES;
-    case NM_DTYPE_Q5_K:
-        return NM_Q5_K_BYTES;
-    default:
-        return NM_Q6_K_BYTES;
-    }
+    return type == NM_DTYPE_Q8_0   ? NM_Q8_0_BYTES
+           : type == NM_DTYPE_Q4_0 ? NM_Q4_0_BYTES
+                                   : nm_quant_chunk_bytes(type); /* a super-block */
 }
 ALWAYS_INLINE int units_per_fetch(uint32_t type) {
     return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 1 : NM_QK_K / QB;
@@ -459,23 +445,21 @@ bool nm_matmul_avx2_quantises(uint32_t type) {
 /* Both entry points: w2 NULL (y2 unused) is the plain matmul. */
 static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
                        float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
+    /* matmul_q specialised per type (T a constant) */
+#define NM_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        matmul_q(T, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);                                   \
+        return;
     switch (w->type) {
-    case NM_DTYPE_Q8_0:
-        matmul_q(NM_DTYPE_Q8_0, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        return;
-    case NM_DTYPE_Q4_0:
-        matmul_q(NM_DTYPE_Q4_0, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        return;
-    case NM_DTYPE_Q4_K:
-        matmul_q(NM_DTYPE_Q4_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        return;
-    case NM_DTYPE_Q5_K:
-        matmul_q(NM_DTYPE_Q5_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        return;
+        NM_CASE(NM_DTYPE_Q8_0)
+        NM_CASE(NM_DTYPE_Q4_0)
+        NM_CASE(NM_DTYPE_Q4_K)
+        NM_CASE(NM_DTYPE_Q5_K)
+        NM_CASE(NM_DTYPE_Q6_K)
     default:
-        NM_ASSERT(w->type == NM_DTYPE_Q6_K);
-        matmul_q(NM_DTYPE_Q6_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        NM_ASSERT(!"not a type avx2 quantises for");
     }
+#undef NM_CASE
 }
 
 void nm_matmul_avx2_int8_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
