@@ -352,8 +352,10 @@ int main(int argc, char **argv) {
                                      : isa == NM_KERNELS_AVX512BF16 && types[t] == NM_DTYPE_Q8_0
                                          ? 0x1.8p-8
                                          : 0.0;
-                const int quantised = (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
-                                      nm_matmul_avx512vnni_quantises(types[t]);
+                const int quantised =
+                    ((isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
+                     nm_matmul_avx512vnni_quantises(types[t])) ||
+                    (isa == NM_KERNELS_AVX2 && nm_matmul_avx2_quantises(types[t]));
                 const char *name = nm_kernels_isa_name((nm_kernels_isa)isa);
                 failures += run_test(name, &tests[s], &w, x, y, yr, &tol, extra, quantised, reps);
                 if (nm_mat_repack_wanted(&w)) {

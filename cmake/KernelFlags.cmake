@@ -13,6 +13,8 @@ function(nm_set_kernel_flags)
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx2.c PROPERTIES
                                 COMPILE_OPTIONS "-mavx2;-mfma;-mf16c${no_san}")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx2-int8.c PROPERTIES
+                                COMPILE_OPTIONS "-mavx2;-mfma;-mf16c${no_san}")
     # the blocked attention runs under avx2 and every AVX-512 variant
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/attention.c PROPERTIES
                                 COMPILE_OPTIONS "-mavx2;-mfma;-mf16c${no_san}")

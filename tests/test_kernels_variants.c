@@ -16,9 +16,13 @@
  * it adds sum_k |w_k| d_b(k) (1/2 + 2^-14), plus the float error of its
  * block sums and scales, (n_blocks + 4) 2^-24 sum_k a_k (|x_k| + d_b(k))
  * with a_k = |w_k| (Q4_K/Q5_K: |w_k| + 2 dmin mn, as w_k = (d sc) q - dmin mn
- * can cancel; MXFP4 also with the denormal and huge E8M0 scales). It is also checked against this
- * file's own model of that computation (the same codes, summed in double) within that float term
- * alone. */
+ * can cancel; MXFP4 also with the denormal and huge E8M0 scales). It is
+ * also checked against this file's own model of that computation (the same
+ * codes, summed in double) within that float term alone, and bit for bit
+ * against a scalar model of the int8 contract (contract_model: the same
+ * codes, exact integer unit sums, fmaf in the contract's order). avx2
+ * quantises as avx512vnni for the types it quantises (all but MXFP4): the
+ * same checks, and avx512vnni's bits where this CPU runs both. */
 #include "harness.h"
 
 #include "gguf/gguf.h"
@@ -134,6 +138,119 @@ static void rounding_magnitudes(uint32_t type, const uint8_t *w, size_t rb, cons
             }
             a[j * k + p] = fabs((double)wf[j * k + p]) + mins;
         }
+}
+
+/* The stored code of element e (0..31) of unit u (32 elements) of a row of
+ * a type avx512vnni quantises for, as its contract (avx512vnni.c) reads
+ * it: Q8_0 signed, Q4_0 0..15 (offset 8), MXFP4 the doubled E2M1 value
+ * (nm_mxfp4_values, -12..12), Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 (offset
+ * 32). From the byte layouts in tensor.h, written apart from
+ * the kernels. */
+static int unit_code(uint32_t type, const uint8_t *row, int64_t u, int e) {
+    switch (type) {
+    case NM_DTYPE_Q8_0:
+        return (int8_t)row[u * NM_Q8_0_BYTES + 2 + e];
+    case NM_DTYPE_Q4_0: {
+        const uint8_t b = row[u * NM_Q4_0_BYTES + 2 + e % 16];
+        return e < 16 ? b & 15 : b >> 4;
+    }
+    case NM_DTYPE_MXFP4: {
+        const uint8_t b = row[u * NM_MXFP4_BYTES + 1 + e % 16];
+        return nm_mxfp4_values[e < 16 ? b & 15 : b >> 4];
+    }
+    case NM_DTYPE_Q4_K:
+    case NM_DTYPE_Q5_K: {
+        const int five = type == NM_DTYPE_Q5_K, j = (int)(u % 8);
+        const uint8_t *sb = row + u / 8 * (five ? NM_Q5_K_BYTES : NM_Q4_K_BYTES);
+        const uint8_t b = sb[16 + (five ? 32 : 0) + 32 * (j / 2) + e];
+        int q = j % 2 ? b >> 4 : b & 15;
+        if (five && (sb[16 + e] >> j & 1)) q += 16;
+        return q;
+    }
+    default: { /* Q6_K: element 32g + e of half h */
+        const uint8_t *sb = row + u / 8 * NM_Q6_K_BYTES;
+        const int h = (int)(u % 8) / 4, g = (int)(u % 4);
+        const uint8_t l = sb[64 * h + 32 * (g & 1) + e];
+        return (g < 2 ? l & 15 : l >> 4) | ((sb[128 + 32 * h + e] >> (2 * g) & 3) << 4);
+    }
+    }
+}
+
+/* One output of the int8 contract at the top of avx512vnni.c, modelled in
+ * scalar C: row (the weights as stored, k elements), the activation codes
+ * q[k] and block scales d[k / 32] (quantise_model). Integer sums in int64,
+ * the float steps with fmaf in the contract's order. */
+static float contract_model(uint32_t type, const uint8_t *row, const int *q, const float *d,
+                            int64_t k) {
+    float acc = 0;
+    for (int64_t v = 0; v < k / 32; v++) {
+        /* Q6_K: units 0, 2, 1, 3 of each half */
+        static const int q6_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+        const int64_t u = type == NM_DTYPE_Q6_K ? v / 8 * 8 + q6_order[v % 8] : v;
+        const int *qu = q + 32 * u;
+        int64_t dot[2] = {0, 0}, sum_q = 0;
+        const int off = type == NM_DTYPE_Q4_0 ? 8 : type == NM_DTYPE_Q6_K ? 32 : 0;
+        for (int e = 0; e < 32; e++) {
+            dot[e / 16] += (int64_t)(unit_code(type, row, u, e) - off) * qu[e];
+            sum_q += qu[e];
+        }
+        uint16_t h;
+        switch (type) {
+        case NM_DTYPE_Q8_0:
+        case NM_DTYPE_Q4_0:
+            memcpy(&h, row + u * (type == NM_DTYPE_Q8_0 ? NM_Q8_0_BYTES : NM_Q4_0_BYTES), 2);
+            acc = fmaf((float)(dot[0] + dot[1]), nm_f16_to_f32(h) * d[u], acc);
+            break;
+        case NM_DTYPE_MXFP4:
+            acc = fmaf((float)(dot[0] + dot[1]),
+                       nm_e8m0_half_to_f32(row[u * NM_MXFP4_BYTES]) * d[u], acc);
+            break;
+        case NM_DTYPE_Q4_K:
+        case NM_DTYPE_Q5_K: {
+            const uint8_t *sb =
+                row + u / 8 * (type == NM_DTYPE_Q4_K ? NM_Q4_K_BYTES : NM_Q5_K_BYTES);
+            uint8_t sc, mn;
+            uint16_t hm;
+            memcpy(&h, sb, 2);
+            memcpy(&hm, sb + 2, 2);
+            nm_k4_scale_min((int)(u % 8), sb + 4, &sc, &mn);
+            acc = fmaf((float)(dot[0] + dot[1]), nm_f16_to_f32(h) * (float)sc * d[u], acc);
+            acc = fmaf(nm_f16_to_f32(hm) * (float)mn, -(d[u] * (float)sum_q), acc);
+            break;
+        }
+        default: { /* Q6_K: scales 2u and 2u + 1 of the super-block */
+            const uint8_t *sb = row + u / 8 * NM_Q6_K_BYTES;
+            const int64_t sc1 = (int8_t)sb[192 + 2 * (u % 8)], sc2 = (int8_t)sb[193 + 2 * (u % 8)];
+            memcpy(&h, sb + NM_Q6_K_BYTES - 2, 2);
+            acc = fmaf((float)(sc1 * dot[0] + sc2 * dot[1]), nm_f16_to_f32(h) * d[u], acc);
+        }
+        }
+    }
+    return acc;
+}
+
+/* Outputs (y[m][n]) that are not contract_model's bits; w: the rows as
+ * stored (row_bytes rb). */
+static int check_contract(uint32_t type, const uint8_t *w, size_t rb, const float *x,
+                          const float *y, int64_t m, int64_t n, int64_t k) {
+    float *d = malloc((size_t)(k / 32) * sizeof(float));
+    int *q = malloc((size_t)k * sizeof(int));
+    int bad = 0;
+    for (int64_t i = 0; i < m; i++) {
+        quantise_model(x + i * k, k, d, q);
+        for (int64_t j = 0; j < n; j++) {
+            const float want = contract_model(type, w + (size_t)j * rb, q, d, k);
+            if (memcmp(&want, &y[i * n + j], sizeof want) != 0) {
+                if (bad < 3)
+                    fprintf(stderr, "  y[%lld][%lld] = %.9g, the contract's model %.9g\n",
+                            (long long)i, (long long)j, y[i * n + j], want);
+                bad++;
+            }
+        }
+    }
+    free(d);
+    free(q);
+    return bad;
 }
 
 /* Outputs of avx512vnni (y[m][n], activations quantised) outside the
@@ -343,12 +460,22 @@ static void check_matmul(nm_kernels_isa isa, uint32_t type, int64_t m, int64_t n
     nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
     int bad = 0;
     double worst = 0;
-    const int vnni = (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
-                     nm_matmul_avx512vnni_quantises(type);
+    const int vnni = ((isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) &&
+                      nm_matmul_avx512vnni_quantises(type)) ||
+                     (isa == NM_KERNELS_AVX2 && nm_matmul_avx2_quantises(type));
     if (vnni) {
         double *a = malloc((size_t)(n * k) * sizeof(double));
         rounding_magnitudes(type, w, rb, wf, n, k, a);
         bad = check_vnni(x, wf, a, y, yr, m, n, k, &worst);
+        /* the contract's bits, from its scalar model; avx2 also the bits
+         * of avx512vnni where this CPU runs both */
+        bad += check_contract(type, w, rb, x, y, m, n, k);
+        if (isa == NM_KERNELS_AVX2 && nm_kernels_isa_supported(NM_KERNELS_AVX512VNNI)) {
+            float *yv = malloc((size_t)(m * n) * sizeof(float));
+            nm_matmul_avx512vnni_forward(&mat, x, k, m, yv, n, 0, n);
+            CHECK(memcmp(y, yv, (size_t)(m * n) * sizeof(float)) == 0);
+            free(yv);
+        }
         free(a);
     }
     for (int64_t i = 0; i < m && !vnni; i++)
@@ -578,9 +705,10 @@ static int identity_mismatches(uint32_t type, const uint8_t *row, size_t rb, int
 static bool multiplies_exactly(nm_kernels_isa isa, uint32_t type) {
     switch (isa) {
     case NM_KERNELS_REF:
-    case NM_KERNELS_AVX2:
     case NM_KERNELS_AVX512:
         return true;
+    case NM_KERNELS_AVX2:
+        return !nm_matmul_avx2_quantises(type);
     case NM_KERNELS_AVX512BF16:
         return type != NM_DTYPE_BF16 && type != NM_DTYPE_Q8_0;
     default: /* avx512vnni and amx quantise for every quantised type */

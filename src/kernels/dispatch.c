@@ -145,10 +145,9 @@ static nm_kernels_isa best_isa(void) {
     return NM_KERNELS_REF;
 }
 
+/* avx2 quantises the activations of quantised weights: not exact. */
 nm_kernels_isa nm_kernels_exact(void) {
-    for (int i = NM_KERNELS_AVX512; i > 0; i--)
-        if (nm_kernels_isa_supported((nm_kernels_isa)i)) return (nm_kernels_isa)i;
-    return NM_KERNELS_REF;
+    return nm_kernels_isa_supported(NM_KERNELS_AVX512) ? NM_KERNELS_AVX512 : NM_KERNELS_REF;
 }
 
 /* A variant's name, or "exact" for nm_kernels_exact(). */
@@ -175,14 +174,20 @@ nm_kernels_isa nm_kernels_active(void) {
 }
 
 const char *nm_kernels_why(void) {
-    static char why[320]; /* for the command's info; not for concurrent callers */
+    static char why[400]; /* for the command's info; not for concurrent callers */
     const nm_kernels_isa isa = nm_kernels_active();
     const char *env = getenv("NPUMOE_KERNELS");
     nm_kernels_isa want;
     const bool asked = env && *env && env_variant(env, &want) && want == isa;
     const bool hw = nm_kernels_amx_hardware(); /* fills amx_note */
-    snprintf(why, sizeof why, "%s; amx: %s%s",
-             asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs", amx_note,
+    /* which variants keep FP32 activations for quantised weights */
+    const bool int8 =
+        isa == NM_KERNELS_AVX2 || isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX;
+    snprintf(why, sizeof why, "%s; %s; amx: %s%s",
+             asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs",
+             int8 ? "int8 activations for Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights"
+                  : "FP32 activations for quantised weights",
+             amx_note,
              nm_kernels_amx_emulated() ? " (this build emulates the tiles: amx only when asked for)"
              : hw ? " (tiles for BF16 matmuls and quantised ones of 12 rows or more)"
                   : "");
@@ -254,7 +259,7 @@ void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, 
         nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
     case NM_KERNELS_AVX2:
-        nm_matmul_avx2_forward(w, x, ldx, m, y, ldy, j0, j1);
+        nm_matmul_avx2_int8_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
 #endif
     default:
@@ -280,6 +285,9 @@ void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x
             return;
         case NM_KERNELS_AVX512VNNI:
             nm_matmul_swiglu_avx512vnni_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+            return;
+        case NM_KERNELS_AVX2:
+            nm_matmul_swiglu_avx2_forward(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
             return;
 #endif
         default:

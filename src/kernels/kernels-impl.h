@@ -9,6 +9,9 @@
 #include "base/base.h"
 #include "tensor/tensor.h"
 
+#include <float.h>
+#include <math.h>
+
 /* Q4_0, MXFP4 and the K-quants: the float-path variants widen such rows
  * NM_QUANT_CHUNK elements at a time (one K-quant super-block, eight Q4_0
  * or MXFP4 blocks). */
@@ -23,6 +26,22 @@ static inline bool nm_kernels_is_block_quant(uint32_t type) {
  * NM_LAYOUT_PANEL16: Q8_0 and the block-quantised types. */
 static inline bool nm_kernels_is_panel16_type(uint32_t type) {
     return type == NM_DTYPE_Q8_0 || nm_kernels_is_block_quant(type);
+}
+
+/* The int8 activation block scale of the contract at the top of
+ * x86/avx512vnni.c from a block's largest magnitude amax: d = amax / 127
+ * and *id = 1 / d; d and *id 0 when d is below FLT_MIN; d NaN (*id 0) when
+ * amax is not finite. */
+static inline float nm_int8_block_scale(float amax, float *id) {
+    float d = amax / 127.0f;
+    *id = 0.0f;
+    if (!(amax <= FLT_MAX)) /* NaN or infinity */
+        return NAN;
+    if (d >= FLT_MIN)
+        *id = 1.0f / d;
+    else
+        d = 0.0f;
+    return d;
 }
 
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */
@@ -111,8 +130,22 @@ void nm_attention_f16_ref_forward(const float *q, const uint16_t *k_cache, const
                                   float *scores);
 
 #if defined(__x86_64__)
+/* The avx2 variant's float path (x86/avx2.c): every weight widened to
+ * float; the variant itself runs its F32, F16, BF16 and MXFP4 weights here. */
 void nm_matmul_avx2_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                             int64_t ldy, int64_t j0, int64_t j1);
+/* The avx2 variant (x86/avx2-int8.c): activations quantised to int8 blocks
+ * for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights in the file's layout, with
+ * avx512vnni's bits; other types to nm_matmul_avx2_forward. */
+void nm_matmul_avx2_int8_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                                 int64_t ldy, int64_t j0, int64_t j1);
+/* nm_matmul_swiglu_forward under avx2: quantised gate and up that
+ * nm_matmul_fusable accepts in one pass over the quantised activations. */
+void nm_matmul_swiglu_avx2_forward(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                                   int64_t m, float *h, int64_t ldh, float *u, int64_t ldu,
+                                   int64_t j0, int64_t j1);
+/* Whether avx2 quantises the activations for weights of this type. */
+bool nm_matmul_avx2_quantises(uint32_t type);
 void nm_matmul_avx512_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                               int64_t ldy, int64_t j0, int64_t j1);
 /* Row dequantisation with AVX-512 for Q4_0, Q4_K, Q5_K and Q6_K (other

@@ -43,6 +43,8 @@ typedef struct nm_mat {
  * avx512, avx2, ref. avx512bf16 rounds the activations of BF16 matmuls to
  * bfloat16 and avx512vnni also quantises those of quantised matmuls to int8
  * blocks, as llama.cpp does (the cost is measured in docs/PERFORMANCE.md);
+ * avx2 quantises them too (for Q8_0, Q4_0 and the K-quants) and gives
+ * avx512vnni's bits for them;
  * amx quantises as avx512vnni and gives its bits for quantised weights, and
  * sums BF16 products in the tiles' order. F32 and F16 weights keep FP32
  * activations in every variant, and NPUMOE_KERNELS=avx512 keeps them for
@@ -68,8 +70,9 @@ const char *nm_kernels_isa_name(nm_kernels_isa isa);
 bool nm_kernels_isa_parse(const char *name, nm_kernels_isa *out);
 /* Whether this build and this CPU can run the variant. */
 bool nm_kernels_isa_supported(nm_kernels_isa isa);
-/* The fastest variant that keeps every activation in FP32 (avx512, avx2 or
- * ref); NPUMOE_KERNELS=exact selects it. */
+/* The fastest variant that keeps every activation in FP32 (avx512, else
+ * ref: avx2 quantises those of quantised weights); NPUMOE_KERNELS=exact
+ * selects it. */
 nm_kernels_isa nm_kernels_exact(void);
 /* The variant in use (chooses it on the first call). */
 nm_kernels_isa nm_kernels_active(void);

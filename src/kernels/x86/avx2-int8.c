@@ -1,0 +1,489 @@
+/* The avx2 variant's matmul for quantised weights (Q8_0, Q4_0, Q4_K, Q5_K,
+ * Q6_K) on CPUs without AVX-512: activations quantised to int8 blocks of 32
+ * and multiplied with vpmaddubsw + vpmaddwd, as llama.cpp does on such
+ * CPUs. It keeps avx512vnni's contract (the top of avx512vnni.c): the same
+ * codes and block scales, the same exact integer sum per unit of 32 weights,
+ * scaled and added in the same float order, so the two variants give the
+ * same bits. F32, F16, BF16 and MXFP4 weights go to avx2.c's float path.
+ * Compiled with -mavx2 -mfma -mf16c; only called when CPUID reports them.
+ *
+ * As in avx512vnni, one 32-bit lane per weight row: NC = 8 rows are
+ * transposed into a panel once per slice of K (lane c of q[t] holds codes
+ * 4t..4t+3 of row c) and every register tile of up to RT_MAX activation
+ * rows reads it, broadcasting 4 activation codes at a time. vpmaddubsw
+ * multiplies unsigned bytes (weights) by signed ones (activations) and adds
+ * pairs into saturating int16; the bounds below keep every int16 exact, so
+ * the int32 sums equal avx512vnni's:
+ *   activation codes lie in [-127, 127] (|x| / d <= 127 rounds to 127 at
+ *   most), so a pair is at most 2 * 127 * w_max: Q4_0/Q4_K (w <= 15) 3810,
+ *   eight pairs summed in int16 30480; Q5_K (w <= 31) 7874, four summed
+ *   31496; Q6_K (w <= 63) 16002, two summed 32004; all below 32767.
+ *   Q8_0 codes are signed: |w| (0..128, 128 for -128 read as unsigned) times
+ *   the activation with w's sign (vpsignb; |q| <= 127 negates exactly), a
+ *   pair at most 2 * 128 * 127 = 32512, widened to int32 at once. */
+#if defined(__x86_64__)
+#include "kernels/kernels-impl.h"
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* QB: elements per activation block; NC: weight rows per panel (lanes);
+ * RT_MAX: activation rows per register tile (RT_MAX float and up to
+ * 3 RT_MAX integer accumulators + weights and codes fit the 16 registers). */
+enum { QB = 32, NC = 8, RT_MAX = 4 };
+/* Stack buffers per call (168 KiB, no heap): the quantised activation rows
+ * of a row block over a slice of at most KC elements of K, and one panel of
+ * NC weight rows over that slice (40 KiB). */
+enum { XBUF_BYTES = 128 * 1024, KC = 4096 };
+
+/* Per activation block: the scale d; c (and c2 for Q6_K's second half)
+ * -o * sum q, which takes out the offset o of the weight codes as the
+ * tiles read them (Q4_0 8, Q6_K 32; Q8_0 codes are read signed); for the
+ * K-quant mins f = -(d * sum q). */
+typedef struct xblock {
+    float d;
+    int32_t c;
+    int32_t c2;
+    float f;
+} xblock;
+
+/* One unit of NC weight rows: q[t] lane c holds codes 4t..4t+3 of row c
+ * (Q8_0 signed, the others unsigned as stored); s lane c the scale (dw;
+ * dk * sc for Q4_K/Q5_K; dk for Q6_K); aux lane c dmin * mn as float bits
+ * (Q4_K, Q5_K) or the sub-block scales sc1 | sc2 << 16 (Q6_K). */
+typedef struct wblock {
+    __m256i q[8];
+    __m256 s;
+    __m256i aux;
+} wblock;
+
+/* ---- activations: avx512vnni's quantisation on 8 lanes ---- */
+
+/* n (a multiple of QB) values of x into codes q[n] and blocks meta[n / QB]. */
+static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, xblock *meta) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    /* packs leave the four vectors' dwords interleaved by 128-bit lane */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < n / QB; b++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_loadu_ps(x + QB * b + 8 * i);
+        /* the largest magnitude (max is exact in any order) */
+        const __m256 a = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        float id;
+        const float d = nm_int8_block_scale(amax, &id);
+        const __m256 idv = _mm256_set1_ps(id);
+        __m256i qi[4];
+        for (int i = 0; i < 4; i++) /* nearest even (the default MXCSR mode) */
+            qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
+        const __m256i p =
+            _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        _mm256_storeu_si256((__m256i *)(q + QB * b), _mm256_permutevar8x32_epi32(p, order));
+        int32_t s[2];
+        for (int half = 0; half < 2; half++) {
+            const __m256i s8 = _mm256_add_epi32(qi[2 * half], qi[2 * half + 1]);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+            s[half] = _mm_cvtsi128_si32(s4);
+        }
+        xblock m = {.d = d};
+        switch (type) {
+        case NM_DTYPE_Q8_0:
+            break;
+        case NM_DTYPE_Q4_0:
+            m.c = -8 * (s[0] + s[1]);
+            break;
+        case NM_DTYPE_Q6_K:
+            m.c = -32 * s[0];
+            m.c2 = -32 * s[1];
+            break;
+        default: /* Q4_K, Q5_K */
+            m.f = -(d * (float)(s[0] + s[1]));
+        }
+        meta[b] = m;
+    }
+}
+
+/* ---- weights: NC rows transposed into lanes ---- */
+
+/* 16 bytes at r[c] + at of the NC rows: out[t] lane c is dword t of row c.
+ * Register p holds [row p | row p + 4]; dword then qword interleaves within
+ * the 128-bit halves finish the 4 x 4 transposes. */
+ALWAYS_INLINE void transpose16(const uint8_t *const *r, size_t at, __m256i *out) {
+    __m256i z[4];
+    for (int p = 0; p < 4; p++)
+        z[p] = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r[p] + at))),
+            _mm_loadu_si128((const __m128i *)(r[p + 4] + at)), 1);
+    const __m256i a0 = _mm256_unpacklo_epi32(z[0], z[1]), a1 = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i a2 = _mm256_unpacklo_epi32(z[2], z[3]), a3 = _mm256_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm256_unpacklo_epi64(a0, a2);
+    out[1] = _mm256_unpackhi_epi64(a0, a2);
+    out[2] = _mm256_unpacklo_epi64(a1, a3);
+    out[3] = _mm256_unpackhi_epi64(a1, a3);
+}
+
+ALWAYS_INLINE void transpose32(const uint8_t *const *r, size_t at, __m256i *out) {
+    transpose16(r, at, out);
+    transpose16(r, at + 16, out + 4);
+}
+
+/* The f16 at r[c] + at of the NC rows, as floats. */
+ALWAYS_INLINE __m256 f16_lanes(const uint8_t *const *r, size_t at) {
+    uint16_t h[NC];
+    for (int c = 0; c < NC; c++)
+        memcpy(&h[c], r[c] + at, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* The low 16 bits of each lane as an f16, widened. */
+ALWAYS_INLINE __m256 half_lo(__m256i v) {
+    const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+    const __m256i p =
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, lo), _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+}
+
+/* Bytes of one row per fetch (a block, or a K-quant super-block), and the
+ * units of 32 weights one fetch holds. */
+ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
+    return type == NM_DTYPE_Q8_0   ? NM_Q8_0_BYTES
+           : type == NM_DTYPE_Q4_0 ? NM_Q4_0_BYTES
+                                   : nm_quant_chunk_bytes(type); /* a super-block */
+}
+ALWAYS_INLINE int units_per_fetch(uint32_t type) {
+    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 1 : NM_QK_K / QB;
+}
+
+/* Q4_K/Q5_K: the eight units' scales of the super-blocks at r[c] + at
+ * (o[u].s = dk * sc_u, o[u].aux = dmin * mn_u, rounded as the
+ * dequantisation rounds them). The first 16 bytes transposed: d and dmin,
+ * then the 12 scale bytes (nm_k4_scale_min) as a0, a1, a2: byte j of a0
+ * holds sc_j (j < 4) and the top bits of sc_{j+4} in bits 6-7, a1 the same
+ * for the mins, byte j of a2 the low nibbles of sc_{j+4} and mn_{j+4}. */
+ALWAYS_INLINE void k4_scales(const uint8_t *const *r, size_t at, wblock *o) {
+    __m256i hd[4];
+    transpose16(r, at, hd);
+    const __m256 dk = half_lo(hd[0]), dmin = half_lo(_mm256_srli_epi32(hd[0], 16));
+    const __m256i m6 = _mm256_set1_epi32(63), m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3);
+    for (int j = 0; j < 4; j++) {
+        const __m256i sc_lo = _mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * j), m6);
+        const __m256i mn_lo = _mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * j), m6);
+        const __m256i sc_hi = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32(hd[3], 8 * j), m4),
+            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hd[1], 8 * j + 6), m2), 4));
+        const __m256i mn_hi = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi32(hd[3], 8 * j + 4), m4),
+            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hd[2], 8 * j + 6), m2), 4));
+        o[j].s = _mm256_mul_ps(dk, _mm256_cvtepi32_ps(sc_lo));
+        o[j].aux = _mm256_castps_si256(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn_lo)));
+        o[j + 4].s = _mm256_mul_ps(dk, _mm256_cvtepi32_ps(sc_hi));
+        o[j + 4].aux = _mm256_castps_si256(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn_hi)));
+    }
+}
+
+/* Fetch g of the NC rows r (each from the slice's first block) into
+ * o[units_per_fetch]: its scales and its codes as the tiles read them. */
+ALWAYS_INLINE void fetch(uint32_t type, const uint8_t *const *r, int64_t g, wblock *o) {
+    const size_t at = (size_t)g * fetch_bytes(type);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256i v[8];
+    switch (type) {
+    case NM_DTYPE_Q8_0:
+        o->s = f16_lanes(r, at);
+        transpose32(r, at + 2, o->q);
+        return;
+    case NM_DTYPE_Q4_0: /* element l: low nibble of qs[l], l + 16: its high one */
+        o->s = f16_lanes(r, at);
+        transpose16(r, at + 2, v);
+        for (int t = 0; t < 4; t++) {
+            o->q[t] = _mm256_and_si256(v[t], nib);
+            o->q[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v[t], 4), nib);
+        }
+        return;
+    case NM_DTYPE_Q4_K:
+    case NM_DTYPE_Q5_K: {
+        /* sub-block pair p reads qs[32p..], low nibbles for sub-block 2p,
+         * high ones for 2p + 1; Q5_K adds 16 where bit j of qh[l] is set
+         * (element l of sub-block j) */
+        k4_scales(r, at, o);
+        const size_t qs_at = at + 4 + NM_K_SCALES_BYTES + (type == NM_DTYPE_Q5_K ? NM_QK_K / 8 : 0);
+        __m256i h[8];
+        if (type == NM_DTYPE_Q5_K) transpose32(r, at + 4 + NM_K_SCALES_BYTES, h);
+        const __m256i bit4 = _mm256_set1_epi8(0x10);
+        for (int p = 0; p < 4; p++) {
+            transpose32(r, qs_at + 32 * (size_t)p, v);
+            for (int t = 0; t < 8; t++) {
+                __m256i q0 = _mm256_and_si256(v[t], nib);
+                __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v[t], 4), nib);
+                if (type == NM_DTYPE_Q5_K) {
+                    /* bit j of each qh byte moved to bit 4 (j = 2p, 2p + 1;
+                     * shifts within a dword move no other byte's bit there) */
+                    const __m256i h0 = 2 * p <= 4 ? _mm256_slli_epi32(h[t], 4 - 2 * p)
+                                                  : _mm256_srli_epi32(h[t], 2 * p - 4);
+                    const __m256i h1 = 2 * p + 1 <= 4 ? _mm256_slli_epi32(h[t], 3 - 2 * p)
+                                                      : _mm256_srli_epi32(h[t], 2 * p - 3);
+                    q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, bit4));
+                    q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, bit4));
+                }
+                o[2 * p].q[t] = q0;
+                o[2 * p + 1].q[t] = q1;
+            }
+        }
+        return;
+    }
+    default: { /* Q6_K */
+        /* unit u uses scales 2u and 2u + 1, bytes 2u % 4 and 2u % 4 + 1 of
+         * scale word u / 2, kept as the pair of int16 (sc1 & 0xffff) |
+         * sc2 << 16; dk is the last two bytes */
+        __m256i sw[4];
+        transpose16(r, at + 192, sw);
+        const __m256 dk = f16_lanes(r, at + NM_Q6_K_BYTES - 2);
+        for (int u = 0; u < 8; u++) {
+            const int k = 2 * u;
+            const __m256i s1 =
+                _mm256_srai_epi32(_mm256_slli_epi32(sw[k / 4], 24 - 8 * (k % 4)), 24);
+            const __m256i s2 =
+                _mm256_srai_epi32(_mm256_slli_epi32(sw[k / 4], 16 - 8 * (k % 4)), 24);
+            o[u].aux = _mm256_or_si256(_mm256_and_si256(s1, _mm256_set1_epi32(0xffff)),
+                                       _mm256_slli_epi32(s2, 16));
+            o[u].s = dk;
+        }
+        /* in half hh, unit g takes the low (g < 2) or high nibbles of
+         * ql[64hh + 32 (g & 1)..] and bits 2g..2g+1 of qh[32hh..] above them */
+        const __m256i top = _mm256_set1_epi8(0x30);
+        for (int hh = 0; hh < 2; hh++) {
+            __m256i hq[8];
+            transpose32(r, at + NM_QK_K / 2 + 32 * (size_t)hh, hq);
+            for (int j = 0; j < 2; j++) {
+                transpose32(r, at + 64 * (size_t)hh + 32 * (size_t)j, v);
+                for (int t = 0; t < 8; t++) {
+                    const __m256i h0 = _mm256_slli_epi32(hq[t], 4 - 2 * j);
+                    const __m256i h1 = j == 0 ? hq[t] : _mm256_srli_epi32(hq[t], 2);
+                    o[4 * hh + j].q[t] =
+                        _mm256_or_si256(_mm256_and_si256(v[t], nib), _mm256_and_si256(h0, top));
+                    o[4 * hh + j + 2].q[t] =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v[t], 4), nib),
+                                        _mm256_and_si256(h1, top));
+                }
+            }
+        }
+    }
+    }
+}
+
+/* ---- the register tile: rt activation rows x NC outputs ---- */
+
+/* acc[r] += one unit of weights (wb) times the activation block of row r
+ * (codes xr + r * ldq, block xb[r * ldm]), in avx512vnni's float order. */
+ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8_t *xr, int64_t ldq,
+                             const xblock *xb, int64_t ldm, __m256 *acc) {
+    /* products summed in int16 before widening (the bounds at the top) */
+    const int group = type == NM_DTYPE_Q8_0   ? 1
+                      : type == NM_DTYPE_Q6_K ? 2
+                      : type == NM_DTYPE_Q5_K ? 4
+                                              : 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s16[RT_MAX], s32[RT_MAX], first_half[RT_MAX];
+    for (int r = 0; r < rt; r++)
+        s16[r] = s32[r] = first_half[r] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        const __m256i w = _mm256_load_si256(&wb->q[t]);
+        const __m256i aw = type == NM_DTYPE_Q8_0 ? _mm256_abs_epi8(w) : w;
+        for (int r = 0; r < rt; r++) {
+            int32_t x4;
+            memcpy(&x4, xr + r * ldq + 4 * t, 4);
+            __m256i xv = _mm256_set1_epi32(x4);
+            if (type == NM_DTYPE_Q8_0) xv = _mm256_sign_epi8(xv, w);
+            const __m256i p = _mm256_maddubs_epi16(aw, xv);
+            s16[r] = t % group == 0 ? p : _mm256_add_epi16(s16[r], p);
+            if (t % group == group - 1)
+                s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
+        }
+        if (type == NM_DTYPE_Q6_K && t == 3)
+            for (int r = 0; r < rt; r++) {
+                first_half[r] = s32[r];
+                s32[r] = _mm256_setzero_si256();
+            }
+    }
+    for (int r = 0; r < rt; r++) {
+        const xblock *m = &xb[r * ldm];
+        __m256i dot;
+        if (type == NM_DTYPE_Q6_K) {
+            const __m256i s1 = _mm256_srai_epi32(_mm256_slli_epi32(wb->aux, 16), 16);
+            const __m256i s2 = _mm256_srai_epi32(wb->aux, 16);
+            dot = _mm256_add_epi32(
+                _mm256_mullo_epi32(_mm256_add_epi32(first_half[r], _mm256_set1_epi32(m->c)), s1),
+                _mm256_mullo_epi32(_mm256_add_epi32(s32[r], _mm256_set1_epi32(m->c2)), s2));
+        } else {
+            dot = _mm256_add_epi32(s32[r], _mm256_set1_epi32(m->c));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                 _mm256_mul_ps(wb->s, _mm256_set1_ps(m->d)), acc[r]);
+        if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
+            acc[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(wb->aux), _mm256_set1_ps(m->f), acc[r]);
+    }
+}
+
+/* rt rows x NC outputs over the nb units of a panel. acc starts at 0 for
+ * the first slice of K, else from y (a float stored and reloaded is the
+ * same float); cmask: the lanes that are outputs. */
+ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, const int8_t *xq, int64_t ldq,
+                        const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
+                        __m256i cmask, int first) {
+    /* Q6_K's units in avx512vnni's order: 0, 2, 1, 3 in each half */
+    static const int q6_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    __m256 acc[RT_MAX];
+    for (int r = 0; r < rt; r++)
+        acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, cmask);
+    for (int64_t ui = 0; ui < nb; ui++) {
+        const int64_t b = type == NM_DTYPE_Q6_K ? ui / 8 * 8 + q6_order[ui % 8] : ui;
+        unit_rows(type, rt, panel + b, xq + QB * b, ldq, xm + b, ldm, acc);
+    }
+    for (int r = 0; r < rt; r++)
+        _mm256_maskstore_ps(y + r * ldy, cmask, acc[r]);
+}
+
+/* Tile heights with constant bounds, so the accumulators live in registers. */
+ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wblock *panel, const int8_t *xq,
+                           int64_t ldq, const xblock *xm, int64_t ldm, int64_t nb, float *y,
+                           int64_t ldy, __m256i cmask, int first) {
+    switch (rt) {
+    case 4:
+        tile(type, 4, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        return;
+    case 3:
+        tile(type, 3, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        return;
+    case 2:
+        tile(type, 2, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        return;
+    default:
+        tile(type, 1, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+    }
+}
+
+/* Outputs [j, je) of w (je - j <= NC) for the quantised activation rows
+ * [i0, i1) over the slice k0 + [0, kn): the rows' panel, then its tiles. */
+ALWAYS_INLINE void col_group(uint32_t type, const nm_mat *w, int64_t j, int64_t je, int64_t k0,
+                             int64_t kn, int64_t i0, int64_t i1, const int8_t *xq, const xblock *xm,
+                             wblock *panel, float *y, int64_t ldy) {
+    const int64_t fetch_k = QB * units_per_fetch(type), nb = kn / QB;
+    const int ct = (int)(je - j);
+    const size_t at = (size_t)(k0 / fetch_k) * fetch_bytes(type);
+    const uint8_t *r[NC];
+    for (int c = 0; c < NC; c++) /* lanes past ct repeat the last row */
+        r[c] = (const uint8_t *)w->data + (size_t)(j + (c < ct ? c : ct - 1)) * w->row_bytes + at;
+    for (int64_t g = 0; g < kn / fetch_k; g++)
+        fetch(type, r, g, panel + g * units_per_fetch(type));
+    const __m256i cmask =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(ct), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int64_t i = i0; i < i1; i += RT_MAX) {
+        const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
+        tile_rt(type, rt, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
+                y + i * ldy + j, ldy, cmask, k0 == 0);
+    }
+}
+
+/* y = x w^T over [j0, j1); with w2 (same type, shape and layout as w),
+ * also y2 = x w2^T from the same quantised activations, and then, group of
+ * columns by group, y = silu(y) * y2 (nm_swiglu_forward) once the last
+ * slice of K is summed: the bits of two calls and nm_swiglu_forward. */
+ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x,
+                            int64_t ldx, int64_t m, float *y, int64_t ldy, float *y2, int64_t ldy2,
+                            int64_t j0, int64_t j1) {
+    const int64_t k = w->k;
+    NM_ASSERT(k % (QB * units_per_fetch(type)) == 0 && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(!w2 || nm_matmul_fusable(w, w2));
+    const int64_t kc = k < KC ? k : KC; /* a multiple of every fetch */
+    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
+    int64_t rb = XBUF_BYTES / row_q_bytes;
+    if (rb > RT_MAX) rb = rb / RT_MAX * RT_MAX;
+    _Alignas(32) uint8_t xbuf[XBUF_BYTES]; /* [rb][kc] codes, then [rb][kc / QB] blocks */
+    _Alignas(32) wblock panel[KC / QB];    /* [kc / QB] units of NC rows */
+    for (int64_t k0 = 0; k0 < k; k0 += kc) {
+        const int64_t kn = k - k0 < kc ? k - k0 : kc, nb = kn / QB;
+        for (int64_t i0 = 0; i0 < m; i0 += rb) {
+            const int64_t i1 = i0 + rb < m ? i0 + rb : m;
+            int8_t *xq = (int8_t *)xbuf;
+            xblock *xm = (xblock *)(xbuf + (i1 - i0) * kn);
+            for (int64_t i = i0; i < i1; i++)
+                quantise_row(type, x + i * ldx + k0, kn, xq + (i - i0) * kn, xm + (i - i0) * nb);
+            for (int64_t j = j0; j < j1; j += NC) {
+                const int64_t je = j + NC < j1 ? j + NC : j1;
+                col_group(type, w, j, je, k0, kn, i0, i1, xq, xm, panel, y, ldy);
+                if (!w2) continue;
+                col_group(type, w2, j, je, k0, kn, i0, i1, xq, xm, panel, y2, ldy2);
+                if (k0 + kn == k)
+                    for (int64_t i = i0; i < i1; i++)
+                        nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j,
+                                          je - j);
+            }
+        }
+    }
+}
+
+bool nm_matmul_avx2_quantises(uint32_t type) {
+    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_Q4_K ||
+           type == NM_DTYPE_Q5_K || type == NM_DTYPE_Q6_K;
+}
+
+/* Both entry points: w2 NULL (y2 unused) is the plain matmul. */
+static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
+                       float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
+    /* matmul_q specialised per type (T a constant) */
+#define NM_CASE(T)                                                                                 \
+    case T:                                                                                        \
+        matmul_q(T, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);                                   \
+        return;
+    switch (w->type) {
+        NM_CASE(NM_DTYPE_Q8_0)
+        NM_CASE(NM_DTYPE_Q4_0)
+        NM_CASE(NM_DTYPE_Q4_K)
+        NM_CASE(NM_DTYPE_Q5_K)
+        NM_CASE(NM_DTYPE_Q6_K)
+    default:
+        NM_ASSERT(!"not a type avx2 quantises for");
+    }
+#undef NM_CASE
+}
+
+void nm_matmul_avx2_int8_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
+                                 int64_t ldy, int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= w->n);
+    if (!nm_matmul_avx2_quantises(w->type)) {
+        nm_matmul_avx2_forward(w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    }
+    if (m > 0 && j0 < j1) matmul_any(w, NULL, x, ldx, m, y, ldy, NULL, 0, j0, j1);
+}
+
+void nm_matmul_swiglu_avx2_forward(const nm_mat *wg, const nm_mat *wu, const float *x, int64_t ldx,
+                                   int64_t m, float *h, int64_t ldh, float *u, int64_t ldu,
+                                   int64_t j0, int64_t j1) {
+    NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= wg->n);
+    if (m <= 0 || j0 == j1) return;
+    if (nm_matmul_avx2_quantises(wg->type) && nm_matmul_fusable(wg, wu) &&
+        wg->layout == NM_LAYOUT_ROWS) {
+        matmul_any(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+        return;
+    }
+    nm_matmul_swiglu_by(nm_matmul_avx2_int8_forward, wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
+}
+#else
+typedef int nm_avx2_int8_unused; /* an empty translation unit is not ISO C */
+#endif
