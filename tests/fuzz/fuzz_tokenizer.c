@@ -6,7 +6,9 @@
  * - counting (NULL, 0) and filling agree;
  * - the pieces of the ids (special tokens rendered) give the text back.
  * The vocabulary is NM_FUZZ_TOKENIZER_VOCAB, or the tiny-qwen3moe model from
- * NM_VECTORS_DIR; it is loaded once per process (libFuzzer's state). */
+ * NM_VECTORS_DIR; it is loaded once per process (libFuzzer's state). CTest
+ * runs it with both: fuzz_tokenizer_smoke (Qwen3) and
+ * fuzz_tokenizer_gpt4o_smoke (the gpt-4o test vocabulary). */
 #include "base/base.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
