@@ -44,6 +44,17 @@ static inline float nm_int8_block_scale(float amax, float *id) {
     return d;
 }
 
+/* Per activation block of 32 values quantised to int8 (avx512vnni, amx,
+ * and avx2's quantised matmuls): the scale d; c (and c2 for Q6_K's second
+ * half) -o * sum q, which takes out the offset o of the weight codes as
+ * the products read them; for the K-quant mins f = -(d * sum q). */
+typedef struct nm_xblock {
+    float d;
+    int32_t c;
+    int32_t c2;
+    float f;
+} nm_xblock;
+
 /* Bytes of NM_QUANT_CHUNK elements of a block-quantised type. */
 static inline size_t nm_quant_chunk_bytes(uint32_t type) {
     switch (type) {

@@ -288,9 +288,9 @@ enum { AMX_MIN_ROWS = 12 };
  * cs2 the second half) scaled as avx512vnni's unit_dot scales them. */
 static inline __attribute__((always_inline)) void
 unit_scale(uint32_t type, const int32_t *cs, const int32_t *cs2, const wpanel_block *wb,
-           const xblock *xm, int64_t ldm, __m512 *acc) {
+           const nm_xblock *xm, int64_t ldm, __m512 *acc) {
     for (int r = 0; r < MT; r++) {
-        const xblock *xb = &xm[r * ldm];
+        const nm_xblock *xb = &xm[r * ldm];
         __m512i dot = _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c));
         if (type == NM_DTYPE_Q6_K) {
             const __m512i d2 =
@@ -339,7 +339,7 @@ typedef struct prefetch_rows {
  * for its first `rows` rows (the others are zeros in xq and xm); pf: the
  * next panel's weights, prefetched meanwhile (or NULL). */
 static inline __attribute__((always_inline)) void
-tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, const xblock *xm,
+tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, const nm_xblock *xm,
        int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first, int rows,
        const prefetch_rows *pf) {
     enum { G_MAX = NM_QK_K / QB };
@@ -386,8 +386,8 @@ tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, 
  * quantised activation rows [i0, i1) over the slice k0 + [0, kn). */
 static inline __attribute__((always_inline)) int64_t
 q_cols(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j, int64_t j1, int64_t k0,
-       int64_t kn, int64_t i0, int64_t i1, const int8_t *xq, const xblock *xm, wpanel_block *panel,
-       float *y, int64_t ldy) {
+       int64_t kn, int64_t i0, int64_t i1, const int8_t *xq, const nm_xblock *xm,
+       wpanel_block *panel, float *y, int64_t ldy) {
     const int64_t fetch_k = QB * units_per_fetch(type), nb = kn / QB;
     int32_t off[NC];
     const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
@@ -437,7 +437,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
     NM_ASSERT(!w2 || (w2->type == type && w2->n == w->n && w2->k == k &&
                       w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     const int64_t kc = k < KC ? k : KC;
-    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
+    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(nm_xblock);
     int64_t rb = XBUF_BYTES / row_q_bytes / MT * MT;
     if (rb < MT) rb = MT;
     NM_ASSERT(rb * row_q_bytes <= XBUF_BYTES);
@@ -449,7 +449,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             const int64_t n_rows = (i1 - i0 + MT - 1) / MT * MT; /* whole tiles */
             int8_t *xq;
-            xblock *xm;
+            nm_xblock *xm;
             quantise_rows(type, x, ldx, i0, i1, n_rows, k0, kn, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
                 const int64_t je =

@@ -43,17 +43,6 @@ enum { QB = 32, NC = 8, RT_MAX = 4 };
  * NC weight rows over that slice (40 KiB). */
 enum { XBUF_BYTES = 128 * 1024, KC = 4096 };
 
-/* Per activation block: the scale d; c (and c2 for Q6_K's second half)
- * -o * sum q, which takes out the offset o of the weight codes as the
- * tiles read them (Q4_0 8, Q6_K 32; Q8_0 codes are read signed); for the
- * K-quant mins f = -(d * sum q). */
-typedef struct xblock {
-    float d;
-    int32_t c;
-    int32_t c2;
-    float f;
-} xblock;
-
 /* One unit of NC weight rows: q[t] lane c holds codes 4t..4t+3 of row c
  * (Q8_0 signed, the others unsigned as stored); s lane c the scale (dw;
  * dk * sc for Q4_K/Q5_K; dk for Q6_K); aux lane c dmin * mn as float bits
@@ -67,7 +56,7 @@ typedef struct wblock {
 /* ---- activations: avx512vnni's quantisation on 8 lanes ---- */
 
 /* n (a multiple of QB) values of x into codes q[n] and blocks meta[n / QB]. */
-static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, xblock *meta) {
+static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, nm_xblock *meta) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     /* packs leave the four vectors' dwords interleaved by 128-bit lane */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -100,7 +89,7 @@ static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, xb
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
             s[half] = _mm_cvtsi128_si32(s4);
         }
-        xblock m = {.d = d};
+        nm_xblock m = {.d = d};
         switch (type) {
         case NM_DTYPE_Q8_0:
             break;
@@ -291,7 +280,7 @@ ALWAYS_INLINE void fetch(uint32_t type, const uint8_t *const *r, int64_t g, wblo
 /* acc[r] += one unit of weights (wb) times the activation block of row r
  * (codes xr + r * ldq, block xb[r * ldm]), in avx512vnni's float order. */
 ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8_t *xr, int64_t ldq,
-                             const xblock *xb, int64_t ldm, __m256 *acc) {
+                             const nm_xblock *xb, int64_t ldm, __m256 *acc) {
     /* products summed in int16 before widening (the bounds at the top) */
     const int group = type == NM_DTYPE_Q8_0   ? 1
                       : type == NM_DTYPE_Q6_K ? 2
@@ -321,7 +310,7 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
             }
     }
     for (int r = 0; r < rt; r++) {
-        const xblock *m = &xb[r * ldm];
+        const nm_xblock *m = &xb[r * ldm];
         __m256i dot;
         if (type == NM_DTYPE_Q6_K) {
             const __m256i s1 = _mm256_srai_epi32(_mm256_slli_epi32(wb->aux, 16), 16);
@@ -343,7 +332,7 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
  * the first slice of K, else from y (a float stored and reloaded is the
  * same float); cmask: the lanes that are outputs. */
 ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, const int8_t *xq, int64_t ldq,
-                        const xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
+                        const nm_xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
                         __m256i cmask, int first) {
     /* Q6_K's units in avx512vnni's order: 0, 2, 1, 3 in each half */
     static const int q6_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
@@ -360,7 +349,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, const int8_t
 
 /* Tile heights with constant bounds, so the accumulators live in registers. */
 ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wblock *panel, const int8_t *xq,
-                           int64_t ldq, const xblock *xm, int64_t ldm, int64_t nb, float *y,
+                           int64_t ldq, const nm_xblock *xm, int64_t ldm, int64_t nb, float *y,
                            int64_t ldy, __m256i cmask, int first) {
     switch (rt) {
     case 4:
@@ -380,8 +369,8 @@ ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wblock *panel, const int
 /* Outputs [j, je) of w (je - j <= NC) for the quantised activation rows
  * [i0, i1) over the slice k0 + [0, kn): the rows' panel, then its tiles. */
 ALWAYS_INLINE void col_group(uint32_t type, const nm_mat *w, int64_t j, int64_t je, int64_t k0,
-                             int64_t kn, int64_t i0, int64_t i1, const int8_t *xq, const xblock *xm,
-                             wblock *panel, float *y, int64_t ldy) {
+                             int64_t kn, int64_t i0, int64_t i1, const int8_t *xq,
+                             const nm_xblock *xm, wblock *panel, float *y, int64_t ldy) {
     const int64_t fetch_k = QB * units_per_fetch(type), nb = kn / QB;
     const int ct = (int)(je - j);
     const size_t at = (size_t)(k0 / fetch_k) * fetch_bytes(type);
@@ -410,7 +399,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
     NM_ASSERT(k % (QB * units_per_fetch(type)) == 0 && w->layout == NM_LAYOUT_ROWS);
     NM_ASSERT(!w2 || nm_matmul_fusable(w, w2));
     const int64_t kc = k < KC ? k : KC; /* a multiple of every fetch */
-    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
+    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(nm_xblock);
     int64_t rb = XBUF_BYTES / row_q_bytes;
     if (rb > RT_MAX) rb = rb / RT_MAX * RT_MAX;
     _Alignas(32) uint8_t xbuf[XBUF_BYTES]; /* [rb][kc] codes, then [rb][kc / QB] blocks */
@@ -420,7 +409,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
         for (int64_t i0 = 0; i0 < m; i0 += rb) {
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             int8_t *xq = (int8_t *)xbuf;
-            xblock *xm = (xblock *)(xbuf + (i1 - i0) * kn);
+            nm_xblock *xm = (nm_xblock *)(xbuf + (i1 - i0) * kn);
             for (int64_t i = i0; i < i1; i++)
                 quantise_row(type, x + i * ldx + k0, kn, xq + (i - i0) * kn, xm + (i - i0) * nb);
             for (int64_t j = j0; j < j1; j += NC) {

@@ -50,7 +50,7 @@ enum { XBUF_BYTES = 160 * 1024, KC_PANEL = 4096, KC_DIRECT = 65536 };
 /* acc += one unit of weights (codes q[8], scale s, aux as in wpanel_block)
  * times one activation block (xr: its codes). */
 ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i aux,
-                              const int8_t *xr, const xblock *xb, __m512 acc) {
+                              const int8_t *xr, const nm_xblock *xb, __m512 acc) {
     /* Q6_K: one sum per half, each has its own scale; other types: two
      * chains (even and odd t) added at the end, so that a unit waits for
      * four vpdpbusd latencies, not eight (integer sums: the same bits) */
@@ -85,7 +85,7 @@ ALWAYS_INLINE __m512 unit_dot(uint32_t type, const __m512i *q, __m512 s, __m512i
  * (part of the next NC rows), pf_fb of them per fetch g,
  * prefetched meanwhile (or NULL). */
 ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int packed,
-                        const wsrc *src, const int8_t *xq, int64_t ldq, const xblock *xm,
+                        const wsrc *src, const int8_t *xq, int64_t ldq, const nm_xblock *xm,
                         int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first,
                         const uint8_t *pf, size_t pf_fb) {
     enum { G_MAX = NM_QK_K / QB };
@@ -137,7 +137,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wpanel_block *panel, int pa
 
 /* Tile heights with constant bounds, so the accumulators live in registers. */
 ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, int packed,
-                           const wsrc *src, const int8_t *xq, int64_t ldq, const xblock *xm,
+                           const wsrc *src, const int8_t *xq, int64_t ldq, const nm_xblock *xm,
                            int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask,
                            int first, const uint8_t *pf, size_t pf_fb) {
 #define NM_TILE(R)                                                                                 \
@@ -169,7 +169,7 @@ ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wpanel_block *panel, int
  * the file's rows) and on prefetching, so that the loads of the block loop
  * are not behind run-time tests. */
 ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, const wsrc *src,
-                            const int8_t *xq, int64_t ldq, const xblock *xm, int64_t ldm,
+                            const int8_t *xq, int64_t ldq, const nm_xblock *xm, int64_t ldm,
                             int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first,
                             const uint8_t *pf, size_t pf_fb) {
     if (panel && pf)
@@ -190,7 +190,7 @@ ALWAYS_INLINE void tile_src(uint32_t type, int rt, const wpanel_block *panel, co
  * quantised activation rows [i0, i1) over the slice k0 + [0, kn). */
 ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j,
                                 int64_t j1, int64_t k0, int64_t kn, int64_t i0, int64_t i1,
-                                const int8_t *xq, const xblock *xm, int use_panel,
+                                const int8_t *xq, const nm_xblock *xm, int use_panel,
                                 wpanel_block *panel, float *y, int64_t ldy) {
     const int64_t k = w->k, nb = kn / QB;
     const int64_t fetch_k = QB * units_per_fetch(type); /* elements per fetch */
@@ -231,8 +231,8 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
         const uint8_t *pf_t = !pf         ? NULL
                               : use_panel ? pf + (size_t)t * pf_fb * (size_t)(kn / fetch_k)
                                           : pf;
-        tile_src(type, rt, fill ? panel : NULL, &src, xq + (i - i0) * kn, kn,
-                 xm + (i - i0) * nb, nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf_t, pf_fb);
+        tile_src(type, rt, fill ? panel : NULL, &src, xq + (i - i0) * kn, kn, xm + (i - i0) * nb,
+                 nb, nb, y + i * ldy + jl, ldy, cmask, k0 == 0, pf_t, pf_fb);
     }
     return rows.je;
 }
@@ -258,7 +258,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
     const int use_panel = m > RT_MAX;
     const int64_t kc =
         k < (use_panel ? KC_PANEL : KC_DIRECT) ? k : (use_panel ? KC_PANEL : KC_DIRECT);
-    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(xblock);
+    const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(nm_xblock);
     int64_t rb = XBUF_BYTES / row_q_bytes;
     if (rb > RT_MAX) rb = rb / RT_MAX * RT_MAX;
     _Alignas(64) uint8_t xbuf[XBUF_BYTES];          /* [rb][kc] codes, then [rb][kc / QB] blocks */
@@ -268,7 +268,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
         for (int64_t i0 = 0; i0 < m; i0 += rb) {
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             int8_t *xq;
-            xblock *xm;
+            nm_xblock *xm;
             quantise_rows(type, x, ldx, i0, i1, i1 - i0, k0, kn, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
                 const int64_t je = col_group(type, w, n_grouped, j, j1, k0, kn, i0, i1, xq, xm,
@@ -350,9 +350,7 @@ void nm_avx512vnni_repack(const nm_mat *w, void *dst) {
            (size_t)(w->n - n_grouped) * w->row_bytes);
 }
 
-bool nm_matmul_avx512vnni_quantises(uint32_t type) {
-    return nm_kernels_is_panel16_type(type);
-}
+bool nm_matmul_avx512vnni_quantises(uint32_t type) { return nm_kernels_is_panel16_type(type); }
 
 /* Both entry points: w2 NULL (y2 unused) is the plain matmul. */
 static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,

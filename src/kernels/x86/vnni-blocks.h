@@ -25,16 +25,6 @@
  * them the unsigned bytes vpdpbusd reads. */
 enum { QB = 32, NC = 16, MX_OFFSET = 12 };
 
-/* Per activation block: the scale d; the offset corrections -o * sum q of
- * the weight codes' offset o over the block (c) or over its halves (c, c2:
- * Q6_K); -(d * sum q) for the K-quant mins (f). */
-typedef struct xblock {
-    float d;
-    int32_t c;
-    int32_t c2;
-    float f;
-} xblock;
-
 /* One unit of NC weight rows as vpdpbusd reads them: q[t] lane c holds
  * codes 4t..4t+3 of row c (unsigned); s lane c its scale (dw; dk * sc for
  * Q4_K/Q5_K; dk for Q6_K); aux lane c: dmin * mn as float bits (Q4_K,
@@ -59,7 +49,8 @@ typedef struct wsrc {
 
 /* n (a multiple of QB) values of x into codes q[n] and blocks meta[n / QB]
  * for weights of type. */
-static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, xblock *meta) {
+static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q,
+                                nm_xblock *meta) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / QB; b++) {
         const __m512 v0 = _mm512_loadu_ps(x + QB * b), v1 = _mm512_loadu_ps(x + QB * b + 16);
@@ -79,7 +70,7 @@ static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t
         _mm_storeu_si128((__m128i *)(q + QB * b), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(q + QB * b + 16), _mm512_cvtepi32_epi8(q1));
         const int32_t s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
-        xblock m = {.d = d};
+        nm_xblock m = {.d = d};
         switch (type) {
         case NM_DTYPE_Q8_0:
             m.c = -128 * (s0 + s1);
@@ -106,14 +97,14 @@ static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t
  * long (n_rows >= i1 - i0); the rows past i1 - i0 are zeros. */
 static inline void quantise_rows(uint32_t type, const float *x, int64_t ldx, int64_t i0, int64_t i1,
                                  int64_t n_rows, int64_t k0, int64_t kn, uint8_t *buf, int8_t **xq,
-                                 xblock **xm) {
+                                 nm_xblock **xm) {
     const int64_t nb = kn / QB;
     *xq = (int8_t *)buf;
-    *xm = (xblock *)(buf + n_rows * kn);
+    *xm = (nm_xblock *)(buf + n_rows * kn);
     for (int64_t i = i0; i < i1; i++)
         quantise_row(type, x + i * ldx + k0, kn, *xq + (i - i0) * kn, *xm + (i - i0) * nb);
     memset(*xq + (i1 - i0) * kn, 0, (size_t)((n_rows - (i1 - i0)) * kn));
-    memset(*xm + (i1 - i0) * nb, 0, (size_t)(n_rows - (i1 - i0)) * (size_t)nb * sizeof(xblock));
+    memset(*xm + (i1 - i0) * nb, 0, (size_t)(n_rows - (i1 - i0)) * (size_t)nb * sizeof(nm_xblock));
 }
 
 /* ---- weights: NC rows of one block, transposed to lanes ---- */
