@@ -9,7 +9,8 @@
  * accumulation throughout; with an F16 cache the K/V are rounded to IEEE
  * half (nearest, ties to even, as the host) as they are stored, and kept as
  * F32 holding those halves. Not implemented (dense_features says so):
- * llama.cpp's F16 rounding of matmul inputs. */
+ * llama.cpp's F16 rounding of matmul inputs, and the shared expert (an
+ * optional block: the host computes it). */
 #include "vk-impl.h"
 
 #include "base/base.h"

@@ -587,8 +587,10 @@ static const nm_device_ops vk_ops = {
     .stats = vk_stats,
     .free = vk_free,
     .check = vk_check,
-    /* every form but an F16 cache and llama.cpp's F16 rounding (dense.c) */
-    .dense_features = ((1u << NM_DENSE_F_COUNT) - 1) & ~(uint32_t)NM_DENSE_F_ROUND_F16,
+    /* every form but llama.cpp's F16 rounding, and no shared expert (the
+     * host computes it) (dense.c) */
+    .dense_features = ((1u << NM_DENSE_F_COUNT) - 1) &
+                      ~(uint32_t)(NM_DENSE_F_ROUND_F16 | NM_DENSE_F_SHARED_EXPERT),
     .compile_dense = nm_vk_dense_compile,
     .submit_dense = nm_vk_dense_submit,
     .dense_outputs = nm_vk_dense_outputs,
