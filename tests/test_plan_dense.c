@@ -8,7 +8,7 @@
  * group on the host, and the reverse, against dense mode (the cpu device
  * bit for bit; vulkan, when a driver is here, within its tolerance), on
  * tiny-qwen3moe and on tiny-qwen2moe, whose shared expert goes with the
- * dense part on cpu and stays on the host on vulkan. */
+ * dense part. */
 #include "harness.h"
 
 #include "device/device.h"
