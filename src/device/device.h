@@ -288,7 +288,8 @@ bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op 
 nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, int32_t layer,
                               nm_error *err);
 /* What every device refuses in a dense spec: sizes out of range, heads
- * that do not divide, weights of the wrong shape, a missing norm;
+ * that do not divide, weights of the wrong shape, a missing norm, a
+ * shared expert with round_f16;
  * NM_ERR_INVALID_ARG naming the value. */
 nm_status nm_dense_spec_check(const nm_dense_spec *spec, nm_error *err);
 /* NM_OK when dev compiles spec's dense graph: it has the graph kind, every
