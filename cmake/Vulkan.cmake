@@ -31,7 +31,7 @@ function(nm_add_vulkan target)
   set(dir ${CMAKE_SOURCE_DIR}/src/device/vulkan/shaders)
   set(out ${CMAKE_BINARY_DIR}/shaders)
   set(incs "")
-  foreach(name ffn_gate_up ffn_down dense_norm dense_qk dense_attn dense_matmul)
+  foreach(name ffn_gate_up ffn_down dense_norm dense_qk dense_attn dense_shexp dense_matmul)
     add_custom_command(
       OUTPUT ${out}/${name}.inc
       COMMAND ${CMAKE_COMMAND} -E make_directory ${out}

@@ -576,7 +576,9 @@ typedef struct nm_profile {
      * projections, RoPE, attention, router logits) over one chunk of
      * `chunk` tokens at position 0, median of reps: one launch on the
      * device with the copies of its input and outputs, and the host doing
-     * the same work on its pool; routing included on both sides. 0 for
+     * the same work on its pool; routing, the shared expert (on the
+     * device when its graph computes it) and the residual add included on
+     * both sides. 0 for
      * both: not measured (a device without dense graphs for the model's
      * form, or a profile file written before they were measured); the
      * planner then puts a layer's dense part where its experts' groups

@@ -3,9 +3,12 @@
  * shipped one, the tiny models of every architecture, an F16 fixture), a
  * layer's graph over three chunks against the host's own layer code
  * (model/layer.c: nm_model_attention and nm_model_route over a KV cache of
- * the test's), its K/V handed back and taken from the host, what devices
- * refuse, and sessions of a static mode whose dense parts run on the device
- * against dense mode's logits, prefill, decode and prefill again. Every
+ * the test's, and qwen2moe's shared expert from nm_model_ffn_residual on a
+ * device that implements it), its K/V handed back and taken from the host,
+ * what devices refuse, and sessions of a static mode whose dense parts run
+ * on the device (a shared expert in the graph, or, on a device without it,
+ * on the host) against dense mode's logits, prefill, decode and prefill
+ * again. Every
  * comparison on `cpu` is bit for bit: it calls the same kernels in the same
  * order as the host. */
 #include "harness.h"
@@ -68,7 +71,7 @@ typedef struct host_layer {
     nm_pool *pool;
     nm_model_batch b;
     nm_kv_view kv;
-    float *x, *xn, *q, *att, *proj, *scores, *router, *weights, *probs, *stage;
+    float *x, *xn, *q, *att, *proj, *scores, *router, *weights, *probs, *stage, *shexp;
     int32_t *ids;
     void *k, *v;
 } host_layer;
@@ -92,6 +95,7 @@ static void host_new(host_layer *h, const nm_model *m, nm_kv_type kv_type) {
     h->ids = calloc((size_t)T * hp->n_expert_used, 4);
     h->probs = calloc((size_t)hp->n_expert, 4);
     h->stage = calloc(2 * T * kv_dim, 4);
+    h->shexp = calloc((size_t)T * (size_t)nm_model_shexp_scratch(hp) + 1, 4);
     h->k = calloc(N_POS * kv_dim, elem);
     h->v = calloc(N_POS * kv_dim, elem);
     h->kv = (nm_kv_view){
@@ -110,14 +114,35 @@ static void host_new(host_layer *h, const nm_model *m, nm_kv_type kv_type) {
                             .router = h->router,
                             .ids = h->ids,
                             .weights = h->weights,
-                            .probs = h->probs};
+                            .probs = h->probs,
+                            .shexp = h->shexp};
 }
 
 static void host_free(host_layer *h) {
     nm_pool_free(h->pool);
     free(h->x), free(h->xn), free(h->q), free(h->att), free(h->proj), free(h->scores);
     free(h->router), free(h->weights), free(h->ids), free(h->probs), free(h->stage);
+    free(h->shexp);
     free(h->k), free(h->v);
+}
+
+/* A tap that keeps the host's shared expert output ([T][d_model] at ctx). */
+static bool keep_shexp(void *ctx, int32_t layer, const char *name, const float *values,
+                       int32_t n_rows, int64_t n_cols) {
+    (void)layer;
+    if (strcmp(name, "ffn_shexp_out") == 0)
+        memcpy(ctx, values, (size_t)n_rows * (size_t)n_cols * sizeof(float));
+    return true;
+}
+
+/* The host's shared expert of the chunk h.b routed last, into out
+ * [T][d_model] (nm_model_ffn_residual, its tap; x is left changed). */
+static void host_shexp(const nm_model *m, int32_t il, host_layer *h, float *out) {
+    memset(h->proj, 0, (size_t)T * (size_t)m->hp.n_embd * sizeof(float));
+    h->b.tap = keep_shexp;
+    h->b.tap_ctx = out;
+    CHECK(nm_model_ffn_residual(m, il, &h->b, NULL));
+    h->b.tap = NULL;
 }
 
 /* One layer's graph against the host over N_CHUNKS chunks of random
@@ -130,8 +155,13 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
     const size_t d = (size_t)hp->n_embd, n_e = (size_t)hp->n_expert;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t elem = kv_type == NM_KV_F16 ? 2 : 4;
-    const nm_dense_spec spec =
-        nm_engine_dense_spec(m, il, T, N_POS, kv_type, m->rope_factors_short);
+    nm_dense_spec spec = nm_engine_dense_spec(m, il, T, N_POS, kv_type, m->rope_factors_short);
+    /* as the engine: a shared expert the device does not implement stays
+     * on the host, the rest of the layer goes to the device */
+    nm_device_fit_dense(dev, &spec);
+    const bool shexp = spec.n_ff_shexp > 0;
+    CHECK_INT_EQ(shexp, m->layers[il].shexp_gate.data != NULL && m->compat != NM_COMPAT_LLAMA_CPP &&
+                            (dev->ops->dense_features & NM_DENSE_F_SHARED_EXPERT) != 0);
     nm_error err = {0};
     if (nm_device_check_dense(dev, &spec, &err) != NM_OK) {
         printf("%s: layer %d, kv %s: %s\n", what, il, kv_type == NM_KV_F16 ? "f16" : "f32",
@@ -152,6 +182,7 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
     }
     float *in = malloc(N_CHUNKS * T * d * 4);
     float *want_x = malloc(T * d * 4), *want_xn = malloc(T * d * 4), *want_r = malloc(T * n_e * 4);
+    float *want_s = malloc(T * d * 4); /* the host's shared expert */
     for (size_t i = 0; i < N_CHUNKS * T * d; i++)
         in[i] = rng_float();
     /* xn leaves the host's nm_model_route rounded as the experts' input */
@@ -182,6 +213,12 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
             memcpy(want_xn, h.xn, T * d * 4);
             memcpy(want_r, h.router, T * n_e * 4);
         }
+        CHECK(shexp == (o.shexp != NULL));
+        if (shexp) {
+            host_shexp(m, il, &h, want_s);
+            const double es = max_diff(o.shexp, want_s, T * d);
+            if (es > worst) worst = es;
+        }
     }
     /* the K/V of every chunk, as the host's cache holds them */
     const size_t kv_bytes = N_CHUNKS * T * kv_dim * elem;
@@ -208,15 +245,19 @@ static void check_layer(nm_device *dev, const nm_model *m, int32_t il, nm_kv_typ
         const double e2n = max_diff(o2.xn, want_xn, T * d);
         if (e2n > e2) e2 = e2n;
     }
-    printf("%s: layer %d, kv %s: max |device - host| %.3g over %d chunks, K/V %s, from the "
+    if (shexp) {
+        const double e2s = max_diff(o2.shexp, want_s, T * d);
+        if (e2s > e2) e2 = e2s;
+    }
+    printf("%s: layer %d, kv %s%s: max |device - host| %.3g over %d chunks, K/V %s, from the "
            "host's K/V %.3g\n",
-           what, il, kv_type == NM_KV_F16 ? "f16" : "f32", worst, N_CHUNKS,
-           kv_same ? "equal" : "differ", e2);
+           what, il, kv_type == NM_KV_F16 ? "f16" : "f32", shexp ? ", shared expert" : "", worst,
+           N_CHUNKS, kv_same ? "equal" : "differ", e2);
     const double t = tol > 0.0 && kv_type == NM_KV_F16 ? TOL_VK_F16 : tol;
     CHECK(worst <= t);
     CHECK(e2 <= t);
     if (tol == 0.0) CHECK(kv_same);
-    free(k), free(v), free(in), free(want_x), free(want_xn), free(want_r);
+    free(k), free(v), free(in), free(want_x), free(want_xn), free(want_r), free(want_s);
     dev->ops->graph_free(g);
     dev->ops->graph_free(g2);
     host_free(&h);
@@ -272,6 +313,48 @@ static void check_refusals(nm_device *dev, const nm_model *m) {
     ops.dense_features = 0;
     CHECK_INT_EQ(nm_device_check_dense(&lacking, &bad, &err), NM_ERR_UNSUPPORTED);
     CHECK(strstr(err.msg, "per-head q/k norm") != NULL);
+    /* a shared expert (shapes only: never compiled here) of width n_expert */
+    nm_dense_spec with = good;
+    with.n_ff_shexp = good.n_expert;
+    with.shexp_gate = with.shexp_up = with.shexp_gate_inp = good.router;
+    with.shexp_gate_inp.n = 1;
+    with.shexp_down = good.router;
+    with.shexp_down.n = good.d_model;
+    with.shexp_down.k = good.n_expert;
+    CHECK_INT_EQ(nm_dense_spec_check(&with, &err), NM_OK);
+    CHECK((nm_dense_spec_features(&with) ^ nm_dense_spec_features(&good)) ==
+          NM_DENSE_F_SHARED_EXPERT);
+    bad = with;
+    bad.shexp_down.k += 1;
+    CHECK_INT_EQ(nm_dense_spec_check(&bad, &err), NM_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "shared expert down weights are") != NULL);
+    bad = with;
+    bad.shexp_gate_inp.n = 2;
+    CHECK_INT_EQ(nm_dense_spec_check(&bad, &err), NM_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "shared expert gate input weights are [2]") != NULL);
+    bad = with;
+    bad.round_f16 = true;
+    CHECK_INT_EQ(nm_dense_spec_check(&bad, &err), NM_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "with f16 matmul inputs") != NULL);
+    /* an optional block: a device without it refuses a spec that has it,
+     * and nm_device_fit_dense leaves it to the host, the rest to the device */
+    ops.dense_features = ~(uint32_t)NM_DENSE_F_SHARED_EXPERT;
+    CHECK_INT_EQ(nm_device_check_dense(&lacking, &with, &err), NM_ERR_UNSUPPORTED);
+    CHECK(strstr(err.msg, "does not implement shared expert in dense-part graphs") != NULL);
+    nm_dense_spec fit = with;
+    nm_device_fit_dense(&lacking, &fit);
+    CHECK(fit.n_ff_shexp == 0 && !fit.shexp_gate.data && !fit.shexp_gate_inp.data);
+    CHECK_INT_EQ(nm_device_check_dense(&lacking, &fit, &err), NM_OK);
+    CHECK_INT_EQ(nm_dense_spec_check(&fit, &err), NM_OK);
+    ops.dense_features = dev->ops->dense_features | NM_DENSE_F_SHARED_EXPERT;
+    fit = with;
+    nm_device_fit_dense(&lacking, &fit);
+    CHECK(fit.n_ff_shexp == with.n_ff_shexp && fit.shexp_down.data == with.shexp_down.data);
+    CHECK_INT_EQ(nm_device_check_dense(&lacking, &fit, &err), NM_OK);
+    bad = with;
+    bad.shexp_up.type = NM_DTYPE_Q2_K;
+    CHECK_INT_EQ(nm_device_check_dense(&lacking, &bad, &err), NM_ERR_UNSUPPORTED);
+    CHECK(strstr(err.msg, "q2_K weights (the shared expert up projection of layer 0)") != NULL);
     ops.compile_dense = NULL;
     CHECK_INT_EQ(nm_device_check_dense(&lacking, &good, &err), NM_ERR_UNSUPPORTED);
     CHECK(strstr(err.msg, "has no dense-part graphs") != NULL);
@@ -382,7 +465,9 @@ static void plan_free(one_group_plan *p) { free(p->layers), free(p->groups), fre
 /* Sessions of a static mode with every capacity at T on dev against dense
  * mode, with kv_type's cache: `grouped` (every layer's dense part on the
  * device) and `npumoe` with layer 0's experts on the host (its dense part
- * too). */
+ * too); for a model with a shared expert, `grouped` again on dev as a
+ * device without NM_DENSE_F_SHARED_EXPERT: the same launches, the shared
+ * expert on the host, and less memory on the device when dev has it. */
 static void check_sessions(nm_device *dev, nm_model *m, nm_kv_type kv_type, double tol,
                            const char *what) {
     const int32_t nv = m->hp.n_vocab, n_layer = m->hp.n_layer;
@@ -398,12 +483,19 @@ static void check_sessions(nm_device *dev, nm_model *m, nm_kv_type kv_type, doub
     if (s) run_sequence(s, nv, want, NULL);
     nm_session_free(s);
 
-    for (int host0 = 0; host0 <= 1; host0++) {
+    const bool has_shexp = m->hp.n_ff_shexp > 0 && m->compat != NM_COMPAT_LLAMA_CPP;
+    nm_device_ops lacking_ops = *dev->ops;
+    lacking_ops.dense_features &= ~(uint32_t)NM_DENSE_F_SHARED_EXPERT;
+    nm_device lacking = {.ops = &lacking_ops, .ctx = dev->ctx};
+    uint64_t held[3] = {0}; /* device bytes of each session */
+    for (int variant = 0; variant < (has_shexp ? 3 : 2); variant++) {
+        const int host0 = variant == 1;
+        nm_device *on = variant == 2 ? &lacking : dev;
         one_group_plan plan;
         plan_new(&plan, m, dev->ops->name, host0);
         sp.mode = host0 ? NM_MODE_NPUMOE : NM_MODE_GROUPED;
         sp.plan = &plan.plan;
-        sp.device = dev;
+        sp.device = on;
         s = NULL;
         nm_device_stats s0, s1;
         dev->ops->stats(dev, &s0);
@@ -413,19 +505,25 @@ static void check_sessions(nm_device *dev, nm_model *m, nm_kv_type kv_type, doub
             plan_free(&plan);
             continue;
         }
+        dev->ops->stats(dev, &s1);
+        held[variant] = s1.device_bytes - s0.device_bytes;
         run_sequence(s, nv, got, NULL);
         dev->ops->stats(dev, &s1);
-        /* the layers run their dense part on the device when it has their form */
-        const nm_dense_spec spec0 = nm_engine_dense_spec(m, 0, T, 128, kv_type, NULL);
-        const bool on_device = nm_device_check_dense(dev, &spec0, &err) == NM_OK;
+        /* the layers run their dense part on the device when it has their
+         * form, a shared expert or not */
+        nm_dense_spec spec0 = nm_engine_dense_spec(m, 0, T, 128, kv_type, NULL);
+        nm_device_fit_dense(on, &spec0);
+        const bool on_device = nm_device_check_dense(on, &spec0, &err) == NM_OK;
         const double e = tol == 0.0 ? max_diff(got, want, (size_t)N_ROWS * nv)
                                     : nm_test_rows_rel_err(got, want, N_ROWS, nv);
         /* 3 + 2 chunks, each device layer's dense part one launch */
         const uint64_t launches = s1.dense_dispatches - s0.dense_dispatches;
-        printf("%s, kv %s: %s on %s vs dense, %d rows of logits: max %s %.3g; %llu dense "
-               "launches\n",
+        printf("%s, kv %s: %s on %s%s vs dense, %d rows of logits: max %s %.3g; %llu dense "
+               "launches, %llu device bytes\n",
                what, kv_type == NM_KV_F16 ? "f16" : "f32", nm_mode_name(sp.mode), dev->ops->name,
-               N_ROWS, tol == 0.0 ? "diff" : "rel", e, (unsigned long long)launches);
+               variant == 2 ? " without the shared expert" : "", N_ROWS,
+               tol == 0.0 ? "diff" : "rel", e, (unsigned long long)launches,
+               (unsigned long long)held[variant]);
         CHECK(e <= (tol == 0.0 ? 0.0 : TOL_VK_MODEL));
         CHECK_INT_EQ(launches, on_device ? (uint64_t)5 * (uint64_t)(n_layer - host0) : 0);
         nm_session_free(s);
@@ -450,6 +548,11 @@ static void check_sessions(nm_device *dev, nm_model *m, nm_kv_type kv_type, doub
         CHECK_INT_EQ(s1.device_bytes, s0.device_bytes);
         plan_free(&plan);
     }
+    /* the graphs with the shared expert hold its buffers (and weights) */
+    if (has_shexp && (dev->ops->dense_features & NM_DENSE_F_SHARED_EXPERT))
+        CHECK(held[0] > held[2]);
+    else if (has_shexp)
+        CHECK_INT_EQ(held[0], held[2]);
     free(want), free(got);
 }
 
@@ -496,6 +599,8 @@ int main(void) {
         {NM_BUILD_DIR "/models/fixture-f16-e32.gguf", NM_COMPAT_LLAMA_CPP},
         {NM_BUILD_DIR "/models/fixture-bf16-tied.gguf", NM_COMPAT_NONE},
         {NM_VECTORS_DIR "/tiny-qwen3moe-q-Q4_K_M/model.gguf", NM_COMPAT_NONE},
+        {NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf", NM_COMPAT_NONE},
+        {NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf", NM_COMPAT_LLAMA_CPP},
     };
     for (int d = 0; d < N_DEVICES; d++) {
         const bool cpu = strcmp(devices[d].name, "cpu") == 0;

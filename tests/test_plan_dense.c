@@ -6,7 +6,9 @@
  * files without it loading with today's rule; and sessions in npumoe mode
  * that follow the plan: every dense part forced onto the device with every
  * group on the host, and the reverse, against dense mode (the cpu device
- * bit for bit; vulkan, when a driver is here, within its tolerance). */
+ * bit for bit; vulkan, when a driver is here, within its tolerance), on
+ * tiny-qwen3moe and on tiny-qwen2moe, whose shared expert goes with the
+ * dense part. */
 #include "harness.h"
 
 #include "device/device.h"
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #define TINY NM_VECTORS_DIR "/tiny-qwen3moe/model.gguf"
+#define TINY_SHEXP NM_SOURCE_DIR "/tests/vectors/tiny-qwen2moe/model.gguf"
 #define TMP(name) NM_BUILD_DIR "/test_plan_dense_" name
 
 /* vulkan against the host: each row's logits within 1e-3 of its largest
@@ -459,7 +462,10 @@ int main(void) {
         return nm_test_finish("test_plan_dense");
     }
     nm_calib *c = uniform_calib(m);
-    if (c) {
+    nm_model *q2 = NULL; /* a shared expert */
+    CHECK_INT_EQ(nm_model_load(TINY_SHEXP, &mp, &q2, &err), NM_OK);
+    nm_calib *c2 = q2 ? uniform_calib(q2) : NULL;
+    if (c && c2) {
         test_planner(m, c);
         test_files(m, c);
         static const char *const names[] = {"cpu", "vulkan"};
@@ -477,6 +483,13 @@ int main(void) {
             CHECK_INT_EQ(st, NM_OK);
             if (dev) test_sessions(dev, m, c, cpu ? 0.0 : TOL_VK_MODEL);
             if (dev) test_measure(dev, m, names[d], true);
+            if (dev) {
+                printf("%s, tiny-qwen2moe (the shared expert %s):\n", names[d],
+                       dev->ops->dense_features & NM_DENSE_F_SHARED_EXPERT ? "in the dense graphs"
+                                                                           : "on the host");
+                test_sessions(dev, q2, c2, cpu ? 0.0 : TOL_VK_MODEL);
+                test_measure(dev, q2, cpu ? "cpu, tiny-qwen2moe" : "vulkan, tiny-qwen2moe", true);
+            }
             /* vulkan lacks llama.cpp's F16 rounding: no dense graph to time */
             nm_model *f16 = NULL;
             mp.compat = NM_COMPAT_LLAMA_CPP;
@@ -492,6 +505,8 @@ int main(void) {
         }
     }
     nm_calib_free(c);
+    nm_calib_free(c2);
+    nm_model_free(q2);
     nm_model_free(m);
     return nm_test_finish("test_plan_dense");
 }

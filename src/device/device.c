@@ -169,6 +169,7 @@ uint32_t nm_dense_spec_features(const nm_dense_spec *s) {
     if (s->kv_type == NM_KV_F16) f |= NM_DENSE_F_KV_F16;
     if (s->round_f16 && (s->wq.type == NM_DTYPE_F16 || s->wo.type == NM_DTYPE_F16))
         f |= NM_DENSE_F_ROUND_F16;
+    if (s->n_ff_shexp > 0) f |= NM_DENSE_F_SHARED_EXPERT;
     return f;
 }
 
@@ -183,7 +184,8 @@ const char *nm_dense_feature_name(uint32_t bit) {
                                                         "rope attention factor",
                                                         "partial rope",
                                                         "f16 kv cache",
-                                                        "f16 matmul inputs (--compat llama.cpp)"};
+                                                        "f16 matmul inputs (--compat llama.cpp)",
+                                                        "shared expert"};
     for (int i = 0; i < NM_DENSE_F_COUNT; i++)
         if (bit == 1u << i) return names[i];
     return "unknown feature";
@@ -244,6 +246,19 @@ nm_status nm_dense_spec_check(const nm_dense_spec *s, nm_error *err) {
         (st = check_dense_mat(s, "output", &s->wo, d, q_dim, err)) ||
         (st = check_dense_mat(s, "router", &s->router, s->n_expert, d, err)))
         return st;
+    if (s->n_ff_shexp < 0 || (s->n_ff_shexp > 0 && s->round_f16))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "dense graph of layer %d: shared expert of width %lld%s", layer,
+                         (long long)s->n_ff_shexp,
+                         s->round_f16 ? " with f16 matmul inputs (the host computes it)" : "");
+    if (s->n_ff_shexp == 0) return NM_OK;
+    const int64_t ff = s->n_ff_shexp;
+    if ((st = check_dense_mat(s, "shared expert gate", &s->shexp_gate, ff, d, err)) ||
+        (st = check_dense_mat(s, "shared expert up", &s->shexp_up, ff, d, err)) ||
+        (st = check_dense_mat(s, "shared expert down", &s->shexp_down, d, ff, err)) ||
+        (s->shexp_gate_inp.data &&
+         (st = check_dense_mat(s, "shared expert gate input", &s->shexp_gate_inp, 1, d, err))))
+        return st;
     return NM_OK;
 }
 
@@ -257,12 +272,17 @@ nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec,
     const struct {
         const char *name;
         uint32_t type;
-    } mats[5] = {{"q", spec->wq.type},
+    } mats[9] = {{"q", spec->wq.type},
                  {"k", spec->wk.type},
                  {"v", spec->wv.type},
                  {"output", spec->wo.type},
-                 {"router", spec->router.type}};
-    for (int i = 0; i < 5; i++)
+                 {"router", spec->router.type},
+                 {"shared expert gate", spec->shexp_gate.type},
+                 {"shared expert up", spec->shexp_up.type},
+                 {"shared expert down", spec->shexp_down.type},
+                 {"shared expert gate input", spec->shexp_gate_inp.type}};
+    const int n_mats = spec->n_ff_shexp == 0 ? 5 : spec->shexp_gate_inp.data ? 9 : 8;
+    for (int i = 0; i < n_mats; i++)
         if (!nm_device_supports(dev, mats[i].type, NM_GRAPH_DENSE))
             return nm_errorf(err, NM_ERR_UNSUPPORTED,
                              "the %s device cannot run dense-part graphs over %s weights (the %s "
@@ -275,6 +295,14 @@ nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec,
                              "the %s device does not implement %s in dense-part graphs (layer %d)",
                              ops->name, nm_dense_feature_name(1u << i), spec->layer);
     return NM_OK;
+}
+
+void nm_device_fit_dense(const nm_device *dev, nm_dense_spec *spec) {
+    const uint32_t lacking = NM_DENSE_F_OPTIONAL & ~dev->ops->dense_features;
+    if (lacking & NM_DENSE_F_SHARED_EXPERT) {
+        spec->n_ff_shexp = 0;
+        spec->shexp_gate = spec->shexp_up = spec->shexp_down = spec->shexp_gate_inp = (nm_mat){0};
+    }
 }
 
 int32_t nm_device_row_granule(const nm_device *dev) {

@@ -4,9 +4,9 @@
  * kind is the grouped expert FFN: several experts of one layer, each with a
  * fixed capacity of rows, in one dispatch; the second, the dense part of a
  * layer over a chunk (norms, projections, RoPE, attention over a K/V cache
- * the graph keeps, router logits). A device is a table of functions
- * plus an opaque context (optional slots documented); adding a device never
- * touches the engine. The `cpu` device (cpu/) implements it with the host
+ * the graph keeps, router logits, optionally the shared expert). A device
+ * is a table of functions plus an opaque context (optional slots
+ * documented); adding a device never touches the engine. The `cpu` device (cpu/) implements it with the host
  * kernels on worker threads of its own. */
 #ifndef NM_DEVICE_H
 #define NM_DEVICE_H
@@ -78,9 +78,17 @@ typedef enum nm_dense_rope {
  *     x'  = x + Wo o + bo                        output x     [rows][d_model]
  *     xn  = norm(x'; ffn_norm, ffn_norm_b)       output xn    [rows][d_model]
  *     r   = Wr xn                                output logits [rows][n_expert]
+ * and, when n_ff_shexp > 0, the shared expert (dense work on every row):
+ *     s   = sigmoid(g . xn) * Wd(silu(Wg xn) * Wu xn)  output shexp [rows][d_model]
+ * with g = shexp_gate_inp (no sigmoid factor when its data is NULL),
+ * Wg, Wu, Wd = shexp_gate, shexp_up, shexp_down: the host adds s to the
+ * routed experts' sum before the residual. It is an optional block: a
+ * device without NM_DENSE_F_SHARED_EXPERT still runs the rest of the layer
+ * (nm_device_fit_dense takes it out of the spec and the host computes it).
  * NULL biases and norm biases are absent. With round_f16, the input of the
  * q/k/v projections (when wq is F16) and of the output projection (when wo
- * is F16) is rounded to IEEE half first, as llama.cpp's F16 matmuls do.
+ * is F16) is rounded to IEEE half first, as llama.cpp's F16 matmuls do;
+ * a spec with round_f16 has no shared expert (nm_dense_spec_check).
  * Every row is computed, padding included; a row never reads a later one.
  * The graph keeps the K/V of its positions between launches (the prompt's
  * cache, resident on the device) and hands them to the host on request
@@ -122,6 +130,11 @@ typedef struct nm_dense_spec {
     const float *ffn_norm;    /* [d_model] */
     const float *ffn_norm_b;  /* [d_model] or NULL */
     nm_mat router;            /* [n_expert][d_model] */
+    int64_t n_ff_shexp;       /* d_ff of the shared expert; 0: none (its mats unused) */
+    nm_mat shexp_gate;        /* [n_ff_shexp][d_model] */
+    nm_mat shexp_up;          /* [n_ff_shexp][d_model] */
+    nm_mat shexp_down;        /* [d_model][n_ff_shexp] */
+    nm_mat shexp_gate_inp;    /* [1][d_model], or data NULL: ungated */
 } nm_dense_spec;
 
 /* What a spec asks of a device beyond plain RMSNorm, NeoX RoPE over whole
@@ -129,19 +142,25 @@ typedef struct nm_dense_spec {
  * it implements (nm_device_ops.dense_features) and the host keeps on
  * itself every layer that asks for more (nm_device_check_dense). */
 enum {
-    NM_DENSE_F_LAYERNORM = 1u << 0,    /* norm == NM_DENSE_NORM_LAYER */
-    NM_DENSE_F_NORM_BIAS = 1u << 1,    /* attn_norm_b or ffn_norm_b */
-    NM_DENSE_F_ATTN_BIAS = 1u << 2,    /* bq, bk, bv or bo */
-    NM_DENSE_F_QK_HEAD = 1u << 3,      /* qk_norm == NM_DENSE_QK_HEAD */
-    NM_DENSE_F_QK_WHOLE = 1u << 4,     /* qk_norm == NM_DENSE_QK_WHOLE */
-    NM_DENSE_F_ROPE_NORM = 1u << 5,    /* rope == NM_DENSE_ROPE_NORM */
-    NM_DENSE_F_ROPE_FACTORS = 1u << 6, /* rope_factors */
-    NM_DENSE_F_ROPE_ATTN = 1u << 7,    /* rope_attn_factor != 1 */
-    NM_DENSE_F_PARTIAL_ROPE = 1u << 8, /* n_rot < head_dim */
-    NM_DENSE_F_KV_F16 = 1u << 9,       /* kv_type == NM_KV_F16 */
-    NM_DENSE_F_ROUND_F16 = 1u << 10,   /* round_f16 with an F16 wq or wo */
-    NM_DENSE_F_COUNT = 11
+    NM_DENSE_F_LAYERNORM = 1u << 0,      /* norm == NM_DENSE_NORM_LAYER */
+    NM_DENSE_F_NORM_BIAS = 1u << 1,      /* attn_norm_b or ffn_norm_b */
+    NM_DENSE_F_ATTN_BIAS = 1u << 2,      /* bq, bk, bv or bo */
+    NM_DENSE_F_QK_HEAD = 1u << 3,        /* qk_norm == NM_DENSE_QK_HEAD */
+    NM_DENSE_F_QK_WHOLE = 1u << 4,       /* qk_norm == NM_DENSE_QK_WHOLE */
+    NM_DENSE_F_ROPE_NORM = 1u << 5,      /* rope == NM_DENSE_ROPE_NORM */
+    NM_DENSE_F_ROPE_FACTORS = 1u << 6,   /* rope_factors */
+    NM_DENSE_F_ROPE_ATTN = 1u << 7,      /* rope_attn_factor != 1 */
+    NM_DENSE_F_PARTIAL_ROPE = 1u << 8,   /* n_rot < head_dim */
+    NM_DENSE_F_KV_F16 = 1u << 9,         /* kv_type == NM_KV_F16 */
+    NM_DENSE_F_ROUND_F16 = 1u << 10,     /* round_f16 with an F16 wq or wo */
+    NM_DENSE_F_SHARED_EXPERT = 1u << 11, /* n_ff_shexp > 0 (optional: nm_device_fit_dense) */
+    NM_DENSE_F_COUNT = 12
 };
+
+/* The blocks of a spec a device may leave to the host (today the shared
+ * expert): NM_DENSE_F_SHARED_EXPERT never keeps a layer's dense part off
+ * a device. */
+#define NM_DENSE_F_OPTIONAL ((uint32_t)NM_DENSE_F_SHARED_EXPERT)
 
 /* The NM_DENSE_F_* bits spec asks for. */
 uint32_t nm_dense_spec_features(const nm_dense_spec *spec);
@@ -153,6 +172,7 @@ typedef struct nm_dense_outputs {
     const float *x;      /* [rows][d_model] the residual stream after attention */
     const float *xn;     /* [rows][d_model] its ffn norm: the experts' input */
     const float *logits; /* [rows][n_expert] the router's logits */
+    const float *shexp;  /* [rows][d_model] the gated shared expert, or NULL: the spec has none */
 } nm_dense_outputs;
 
 typedef struct nm_device nm_device;
@@ -268,7 +288,8 @@ bool nm_device_supports(const nm_device *dev, uint32_t weight_type, nm_graph_op 
 nm_status nm_device_check_ffn(const nm_device *dev, const nm_expert_weights *w, int32_t layer,
                               nm_error *err);
 /* What every device refuses in a dense spec: sizes out of range, heads
- * that do not divide, weights of the wrong shape, a missing norm;
+ * that do not divide, weights of the wrong shape, a missing norm, a
+ * shared expert with round_f16;
  * NM_ERR_INVALID_ARG naming the value. */
 nm_status nm_dense_spec_check(const nm_dense_spec *spec, nm_error *err);
 /* NM_OK when dev compiles spec's dense graph: it has the graph kind, every
@@ -276,6 +297,10 @@ nm_status nm_dense_spec_check(const nm_dense_spec *spec, nm_error *err);
  * (dense_features); else NM_ERR_UNSUPPORTED naming the device, the layer
  * and the first thing missing. Does not check the spec's shapes. */
 nm_status nm_device_check_dense(const nm_device *dev, const nm_dense_spec *spec, nm_error *err);
+/* Takes out of spec the optional blocks (NM_DENSE_F_OPTIONAL) dev does not
+ * implement, which the host then computes itself: call it before
+ * nm_device_check_dense, so a device without them still gets the rest. */
+void nm_device_fit_dense(const nm_device *dev, nm_dense_spec *spec);
 /* dev->ops->row_granule, or 1 for a device without one. */
 int32_t nm_device_row_granule(const nm_device *dev);
 /* dev->ops->check, or NM_OK for a device without one. */

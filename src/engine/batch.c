@@ -191,7 +191,7 @@ nm_status nm_batch_decode(nm_batch *b, nm_session *const *sessions, const int32_
         if (nm_model_layer_is_moe(&m->hp, il))
             nm_moe_exec_layer(b->moe, b->pool, nm_model_moe_index(&m->hp, il), b->x, b->xn, n,
                               b->ids, b->weights, b->proj);
-        nm_model_ffn_residual(m, il, &mb);
+        nm_model_ffn_residual(m, il, &mb, NULL);
     }
     if (logits) nm_model_output(m, &mb, 0, logits);
     for (int32_t i = 0; i < n; i++) {

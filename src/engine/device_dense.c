@@ -2,8 +2,9 @@
  * graph per layer the device supports, compiled with the session, each
  * keeping its layer's K/V of the prompt; the batch loop (forward.c) hands
  * a static chunk's residual stream to the layer's graph and takes back the
- * residual after attention, the experts' input and the router's logits,
- * so the host keeps only routing and the MoE's dynamic part. Layers the
+ * residual after attention, the experts' input, the router's logits and,
+ * when the device computes it, the shared expert's output, so the host
+ * keeps only routing and the MoE's dynamic part. Layers the
  * device does not support, and layers the session does not want there
  * (forward.c: the plan's choice, or where the layer's experts run), keep
  * their dense part on the host. */
@@ -30,6 +31,7 @@ nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, 
                                    nm_kv_type kv_type, const float *rope_factors) {
     const nm_hparams *hp = &m->hp;
     const nm_layer *l = &m->layers[il];
+    const bool shexp = l->shexp_gate.data && m->compat != NM_COMPAT_LLAMA_CPP;
     return (nm_dense_spec){
         .layer = il,
         .rows = rows,
@@ -67,6 +69,11 @@ nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, 
         .ffn_norm = l->ffn_norm,
         .ffn_norm_b = l->ffn_norm_b,
         .router = l->router,
+        .n_ff_shexp = shexp ? hp->n_ff_shexp : 0,
+        .shexp_gate = shexp ? l->shexp_gate : (nm_mat){0},
+        .shexp_up = shexp ? l->shexp_up : (nm_mat){0},
+        .shexp_down = shexp ? l->shexp_down : (nm_mat){0},
+        .shexp_gate_inp = shexp ? l->shexp_gate_inp : (nm_mat){0},
     };
 }
 
@@ -100,7 +107,8 @@ nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const bool *wan
     d->kv_elem = kv_type == NM_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         if (!want[il] || !nm_engine_dense_expresses(m, il)) continue;
-        const nm_dense_spec spec = nm_engine_dense_spec(m, il, rows, n_pos, kv_type, rope_factors);
+        nm_dense_spec spec = nm_engine_dense_spec(m, il, rows, n_pos, kv_type, rope_factors);
+        nm_device_fit_dense(dev, &spec); /* the host computes what the device leaves */
         nm_error why = {0};
         /* a form the device does not implement: the host keeps the layer */
         if (nm_device_check_dense(dev, &spec, &why) != NM_OK) continue;
@@ -130,7 +138,7 @@ bool nm_engine_dense_has(const nm_engine_dense *d, int32_t il) {
     return d && d->graphs[il] != NULL;
 }
 
-void nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch *b) {
+const float *nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch *b) {
     nm_graph *g = d->graphs[il];
     const nm_device_ops *ops = d->dev->ops;
     NM_ASSERT(g && b->n_rows == d->rows);
@@ -143,6 +151,7 @@ void nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch 
     memcpy(b->x, o.x, x_bytes);
     memcpy(b->xn, o.xn, x_bytes);
     memcpy(b->router, o.logits, (size_t)b->n_real * (size_t)d->n_expert * sizeof(float));
+    return o.shexp;
 }
 
 void nm_engine_dense_kv(nm_engine_dense *d, int32_t il, const nm_kv_view *kv, int32_t pos0,

@@ -80,7 +80,9 @@ typedef struct nm_engine_dense nm_engine_dense;
 
 /* Layer il of m as plain data for a device: the graph of `rows` rows over
  * n_pos positions, K/V of kv_type, RoPE with rope_factors ([n_rot / 2] or
- * NULL), F16 matmul inputs rounded under --compat llama.cpp. */
+ * NULL), F16 matmul inputs rounded under --compat llama.cpp; the layer's
+ * shared expert, if any, except under --compat llama.cpp (whose rounding
+ * of the experts' input the spec has no form for: the host computes it). */
 nm_dense_spec nm_engine_dense_spec(const nm_model *m, int32_t il, int32_t rows, int32_t n_pos,
                                    nm_kv_type kv_type, const float *rope_factors);
 
@@ -90,9 +92,10 @@ bool nm_engine_dense_expresses(const nm_model *m, int32_t il);
 
 /* One dense graph (NM_GRAPH_DENSE) of `rows` rows over n_pos positions for
  * every layer il of m with want[il] that it expresses and dev supports
- * (nm_device_check_dense); the others keep their dense part on the host,
- * which may be all of them. Fails only when a graph fails to compile
- * (memory, a lost device). */
+ * (nm_device_check_dense, after nm_device_fit_dense: the shared expert
+ * goes in the graph when dev implements it); the others keep their dense
+ * part on the host, which may be all of them. Fails only when a graph
+ * fails to compile (memory, a lost device). */
 nm_status nm_engine_dense_new(const nm_model *m, nm_device *dev, const bool *want, int32_t rows,
                               int32_t n_pos, nm_kv_type kv_type, const float *rope_factors,
                               nm_engine_dense **out, nm_error *err);
@@ -103,15 +106,18 @@ bool nm_engine_dense_has(const nm_engine_dense *d, int32_t il);
 /* Layer il's dense part of a static chunk (b->n_rows == rows) on the
  * device at positions b->n_past..: b->x in; b->x (after attention), b->xn
  * (ffn norm) and b->router (of the real rows) out; the chunk's K/V stay in
- * the graph. */
-void nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch *b);
+ * the graph. Returns the shared expert's output [rows][d_model] for
+ * nm_model_ffn_residual when the graph computed it (valid until the
+ * layer's graph runs again), else NULL. */
+const float *nm_engine_dense_layer(nm_engine_dense *d, int32_t il, const nm_model_batch *b);
 /* Copies the K/V of positions pos0..pos0+n-1 of layer il between the
  * host's cache (kv) and the layer's graph. */
 void nm_engine_dense_kv(nm_engine_dense *d, int32_t il, const nm_kv_view *kv, int32_t pos0,
                         int32_t n, bool to_device);
 
 /* The dense part of m's layer 0 over a chunk of `chunk` tokens (the
- * embeddings of fixed token ids) at position 0, routing included, median
+ * embeddings of fixed token ids) at position 0, routing, the shared expert
+ * and the residual included (wherever each runs), median
  * of reps after one untimed run: on the host (*host_ms, n_threads
  * threads) and, when dev has the layer's form (nm_device_check_dense), as
  * one launch of a dense graph with its copies (*device_ms; else 0). A

@@ -349,8 +349,9 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
     nm_device_stats before, after;
     for (int32_t il = 0; il < hp->n_layer && !st->stop_name; il++) {
         if (count) st->device->ops->stats(st->device, &before);
+        const float *shexp = NULL; /* the shared expert, when the device computed it */
         if (on_device && nm_engine_dense_has(st->dense_dev, il)) {
-            nm_engine_dense_layer(st->dense_dev, il, &b);
+            shexp = nm_engine_dense_layer(st->dense_dev, il, &b);
             if (!nm_model_route_logits(m, il, &b)) break;
         } else {
             const nm_kv_view kv = nm_engine_state_kv(m, st, il);
@@ -364,7 +365,7 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
                 add_device_work(&st->dev_layer[ml], &before, &after);
             }
         }
-        nm_model_ffn_residual(m, il, &b);
+        nm_model_ffn_residual(m, il, &b, shexp);
     }
     /* a device that failed (lost) under the chunk's graphs: the chunk's
      * results are void, and the device's message says why */
@@ -380,20 +381,25 @@ nm_status nm_engine_forward(const nm_model *m, nm_engine_state *st, const int32_
 }
 
 /* One timed repetition: layer il's dense part of the chunk x0 on the host
- * (d NULL) or on d's graph. */
+ * (d NULL) or on d's graph, with the shared expert (on the device when the
+ * graph computes it) and the residual, the experts' output proj zero. */
 static double time_dense_once(const nm_model *m, int32_t il, nm_engine_state *st,
                               nm_engine_dense *d, const float *x0) {
     const nm_model_batch b = batch_of(st, st->n_batch, st->n_batch, 0);
-    memcpy(st->x, x0, (size_t)st->n_batch * (size_t)m->hp.n_embd * sizeof(float));
+    const size_t n_x = (size_t)st->n_batch * (size_t)m->hp.n_embd;
+    memcpy(st->x, x0, n_x * sizeof(float));
+    memset(st->proj, 0, n_x * sizeof(float));
     const int64_t t0 = nm_time_ns();
+    const float *shexp = NULL;
     if (d) {
-        nm_engine_dense_layer(d, il, &b);
+        shexp = nm_engine_dense_layer(d, il, &b);
         nm_model_route_logits(m, il, &b);
     } else {
         const nm_kv_view kv = nm_engine_state_kv(m, st, il);
         nm_model_attention(m, il, &b, &kv);
         nm_model_route(m, il, &b);
     }
+    nm_model_ffn_residual(m, il, &b, shexp);
     return (double)(nm_time_ns() - t0) * 1e-6;
 }
 
@@ -431,8 +437,8 @@ nm_status nm_engine_time_dense(const nm_model *m, nm_device *dev, int32_t chunk,
         times[r] = time_dense_once(m, il, st, NULL, x0);
     *host_ms = nm_median(times, reps);
     if (!nm_engine_dense_expresses(m, il)) goto out; /* not measured */
-    const nm_dense_spec spec =
-        nm_engine_dense_spec(m, il, chunk, chunk, NM_KV_F32, st->rope_factors);
+    nm_dense_spec spec = nm_engine_dense_spec(m, il, chunk, chunk, NM_KV_F32, st->rope_factors);
+    nm_device_fit_dense(dev, &spec);
     nm_error why = {0};
     if (nm_device_check_dense(dev, &spec, &why) != NM_OK) goto out; /* not measured */
     want[il] = true;

@@ -219,22 +219,33 @@ static float *swiglu_ffn(const nm_model *m, const nm_mat *w_gate, const nm_mat *
     return out;
 }
 
-/* proj += sigmoid(gate_inp . xn) * down(silu(gate xn) * up xn) over the real
- * rows (no sigmoid when the architecture's shared experts are ungated): the
- * shared expert, in the order llama.cpp adds it (routed experts' sum, then
- * the shared output, then the residual). */
-static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il,
-                          const nm_model_batch *b) {
+/* out[n][d] *= sigmoid(gate_inp . xn) over the real rows, the gate's
+ * logits in the scratch after out. */
+static void scale_by_shexp_gate(const nm_model *m, const nm_layer *l, const nm_model_batch *b,
+                                float *out) {
     const int64_t d = m->hp.n_embd, n = b->n_real;
-    float *out = swiglu_ffn(m, &l->shexp_gate, &l->shexp_up, &l->shexp_down, b);
-    if (l->shexp_gate_inp.data) {
-        float *g = out + n * d; /* [n] the gate's logit */
-        matmul(b->pool, &l->shexp_gate_inp, b->xn, d, n, g, 1);
-        for (int64_t t = 0; t < n; t++) {
-            const float s = 1.0f / (1.0f + expf(-g[t]));
-            for (int64_t i = 0; i < d; i++)
-                out[t * d + i] *= s;
-        }
+    float *g = out + n * d; /* [n] the gate's logit */
+    matmul(b->pool, &l->shexp_gate_inp, b->xn, d, n, g, 1);
+    for (int64_t t = 0; t < n; t++) {
+        const float s = 1.0f / (1.0f + expf(-g[t]));
+        for (int64_t i = 0; i < d; i++)
+            out[t * d + i] *= s;
+    }
+}
+
+/* proj += sigmoid(gate_inp . xn) * down(silu(gate xn) * up xn) over the real
+ * rows (no sigmoid when the architecture's shared experts are ungated), or
+ * proj += done when a device computed it: the shared expert, in the order
+ * llama.cpp adds it (routed experts' sum, then the shared output, then the
+ * residual). */
+static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il, const nm_model_batch *b,
+                          const float *done) {
+    const int64_t d = m->hp.n_embd, n = b->n_real;
+    const float *out = done;
+    if (!done) {
+        float *own = swiglu_ffn(m, &l->shexp_gate, &l->shexp_up, &l->shexp_down, b);
+        if (l->shexp_gate_inp.data) scale_by_shexp_gate(m, l, b, own);
+        out = own;
     }
     if (!tap(b, il, "ffn_shexp_out", out, d)) return false;
     for (int64_t i = 0; i < n * d; i++)
@@ -242,7 +253,8 @@ static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il,
     return true;
 }
 
-bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b) {
+bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b,
+                           const float *shexp) {
     const int64_t d = m->hp.n_embd;
     const nm_layer *l = &m->layers[il];
     if (!nm_model_layer_is_moe(&m->hp, il)) {
@@ -253,7 +265,8 @@ bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *
         return tap(b, il, "l_out", b->x, d);
     }
     if (!tap(b, il, "ffn_moe_out", b->proj, d)) return false;
-    if (l->shexp_gate.data && !shared_expert(m, l, il, b)) return false;
+    NM_ASSERT(!shexp || l->shexp_gate.data);
+    if (l->shexp_gate.data && !shared_expert(m, l, il, b, shexp)) return false;
     for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
         b->x[i] += b->proj[i];
     return tap(b, il, "l_out", b->x, d);

@@ -49,7 +49,7 @@ typedef struct nm_hparams {
     float rope_attn_factor; /* cos and sin are scaled by it (1 = none)        */
     int32_t n_ctx_orig;     /* context up to which the short RoPE factors hold */
     float router_jitter;    /* sparsemixer's relative-gap threshold is 2x this */
-    float attn_scale; /* the q.k scale; 0: 1 / sqrt(head_dim) */
+    float attn_scale;       /* the q.k scale; 0: 1 / sqrt(head_dim) */
     /* Multi-head latent attention (deepseek2; n_lora_kv > 0): q from wq, or
      * through a rank-n_lora_q bottleneck (q_a, its norm, q_b) when
      * n_lora_q > 0; head_dim = n_nope + n_rot (key_length) for q and k,
@@ -281,7 +281,7 @@ nm_status nm_model_get_stack(const nm_model *m, const char *name, int64_t k, int
  *         nm_model_attention(il)  x += attention(norm(x))
  *         nm_model_route(il)      xn = norm(x), router logits, experts chosen
  *         (the engine's MoE executor: proj = experts(xn) by ids and weights)
- *         nm_model_ffn_residual(il)  x += proj
+ *         nm_model_ffn_residual(il)  x += proj (+ the shared expert)
  *     nm_model_output             final norm and head of the rows asked for
  * Each block reports its tensors to the batch's tap (npumoe.h, nm_tap_fn)
  * and returns false when the tap asked to stop (then x, xn and the batch's
@@ -364,11 +364,13 @@ bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch 
 int64_t nm_model_shexp_scratch(const nm_hparams *hp);
 /* x += proj over the real rows, plus, when the model has a shared expert,
  * its output on xn scaled by its sigmoid gate (or not, hp.shexp_ungated;
- * dense work on every real row, whatever executor ran the routed experts).
- * A dense layer: proj = its FFN on xn first (no executor ran). Taps
- * ffn_moe_out, ffn_shexp_out (with a shared expert) or ffn_out (a dense
- * layer), l_out. */
-bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b);
+ * dense work on every real row, whatever executor ran the routed experts):
+ * computed here, or taken as it is from shexp ([n_real][n_embd], a
+ * device's dense graph computed it) when shexp is not NULL. A dense layer:
+ * proj = its FFN on xn first (no executor ran). Taps ffn_moe_out,
+ * ffn_shexp_out (with a shared expert) or ffn_out (a dense layer), l_out. */
+bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *b,
+                           const float *shexp);
 /* logits [n_real - first][n_vocab] = output(output_norm(x)) of the real
  * rows from first on. Taps result_norm, result_output (layer -1). */
 bool nm_model_output(const nm_model *m, const nm_model_batch *b, int32_t first, float *logits);

@@ -8,6 +8,7 @@
 #include "base/base.h"
 #include "tensor/tensor.h"
 
+#include <math.h>
 #include <string.h>
 
 struct nm_cpu_dense {
@@ -21,6 +22,10 @@ struct nm_cpu_dense {
     float *x_out;   /* [rows][d_model] x after attention */
     float *xn;      /* [rows][d_model] its ffn norm */
     float *logits;  /* [rows][n_expert] */
+    float *sh_gate; /* [rows][n_ff_shexp] the shared expert's gate, then its SwiGLU */
+    float *sh_up;   /* [rows][n_ff_shexp] */
+    float *sh_out;  /* [rows][d_model] its output, gated */
+    float *sh_g;    /* [rows] its gate's logit */
     float *a;       /* [rows][d_model] the attention norm's output */
     float *q;       /* [rows][q_dim] */
     float *att;     /* [rows][q_dim] */
@@ -141,6 +146,30 @@ static void residual_task(void *p, int t, int thread) {
     norm(s, x_out, s->ffn_norm, s->ffn_norm_b, g->xn + off, d);
 }
 
+/* Row t's shared expert output scaled by sigmoid of its gate's logit. */
+static void shexp_gate_task(void *p, int t, int thread) {
+    (void)thread;
+    const nm_cpu_dense *g = p;
+    const int64_t d = g->spec.d_model;
+    const float s = 1.0f / (1.0f + expf(-g->sh_g[t]));
+    for (int64_t i = 0; i < d; i++)
+        g->sh_out[(size_t)t * d + i] *= s;
+}
+
+/* The shared expert on xn, as the host's (model/layer.c: shared_expert). */
+static void shared_expert(nm_cpu_dense *g, nm_pool *pool) {
+    const nm_dense_spec *s = &g->spec;
+    const int32_t n = s->rows;
+    const int64_t d = s->d_model, ff = s->n_ff_shexp;
+    nm_matmul_parallel(pool, &s->shexp_gate, g->xn, d, n, g->sh_gate, ff);
+    nm_matmul_parallel(pool, &s->shexp_up, g->xn, d, n, g->sh_up, ff);
+    nm_swiglu_forward(g->sh_gate, g->sh_up, g->sh_gate, (int64_t)n * ff);
+    nm_matmul_parallel(pool, &s->shexp_down, g->sh_gate, ff, n, g->sh_out, d);
+    if (!s->shexp_gate_inp.data) return;
+    nm_matmul_parallel(pool, &s->shexp_gate_inp, g->xn, d, n, g->sh_g, 1);
+    nm_pool_run(pool, shexp_gate_task, g, n);
+}
+
 void nm_cpu_dense_run(nm_cpu_dense *g, nm_pool *pool) {
     const nm_dense_spec *s = &g->spec;
     const int32_t n = s->rows;
@@ -155,6 +184,7 @@ void nm_cpu_dense_run(nm_cpu_dense *g, nm_pool *pool) {
     nm_matmul_parallel(pool, &s->wo, g->att, g->q_dim, n, g->proj, d);
     nm_pool_run(pool, residual_task, g, n);
     nm_matmul_parallel(pool, &s->router, g->xn, d, n, g->logits, s->n_expert);
+    if (s->n_ff_shexp > 0) shared_expert(g, pool);
 }
 
 void nm_cpu_dense_set_pos(nm_cpu_dense *g, int32_t pos) {
@@ -165,7 +195,7 @@ void nm_cpu_dense_set_pos(nm_cpu_dense *g, int32_t pos) {
 float *nm_cpu_dense_input(nm_cpu_dense *g) { return g->x; }
 
 void nm_cpu_dense_outputs(const nm_cpu_dense *g, nm_dense_outputs *out) {
-    *out = (nm_dense_outputs){.x = g->x_out, .xn = g->xn, .logits = g->logits};
+    *out = (nm_dense_outputs){.x = g->x_out, .xn = g->xn, .logits = g->logits, .shexp = g->sh_out};
 }
 
 int32_t nm_cpu_dense_rows(const nm_cpu_dense *g) { return g->spec.rows; }
@@ -188,6 +218,10 @@ void nm_cpu_dense_free(nm_cpu_dense *g) {
     nm_free(g->x_out);
     nm_free(g->xn);
     nm_free(g->logits);
+    nm_free(g->sh_gate);
+    nm_free(g->sh_up);
+    nm_free(g->sh_out);
+    nm_free(g->sh_g);
     nm_free(g->a);
     nm_free(g->q);
     nm_free(g->att);
@@ -209,8 +243,11 @@ static void *alloc_counted(nm_cpu_dense *g, size_t n, size_t size) {
 nm_status nm_cpu_dense_new(const nm_dense_spec *spec, int n_threads, nm_cpu_dense **out,
                            nm_error *err) {
     *out = NULL;
-    const nm_mat *mats[5] = {&spec->wq, &spec->wk, &spec->wv, &spec->wo, &spec->router};
-    for (int i = 0; i < 5; i++)
+    const nm_mat *mats[9] = {&spec->wq,       &spec->wk,         &spec->wv,
+                             &spec->wo,       &spec->router,     &spec->shexp_gate,
+                             &spec->shexp_up, &spec->shexp_down, &spec->shexp_gate_inp};
+    const int n_mats = spec->n_ff_shexp == 0 ? 5 : spec->shexp_gate_inp.data ? 9 : 8;
+    for (int i = 0; i < n_mats; i++)
         if (!nm_dtype_is_supported(mats[i]->type))
             return nm_errorf(err, NM_ERR_UNSUPPORTED,
                              "dense graph of layer %d: the cpu device cannot compute %s weights",
@@ -238,6 +275,14 @@ nm_status nm_cpu_dense_new(const nm_dense_spec *spec, int n_threads, nm_cpu_dens
     g->scores = alloc_counted(g, (size_t)n_threads * (size_t)spec->n_pos, sizeof(float));
     bool ok = g->x && g->x_out && g->xn && g->a && g->proj && g->logits && g->q && g->att && g->k &&
               g->v && g->scores;
+    if (ok && spec->n_ff_shexp > 0) {
+        const size_t ff = (size_t)spec->n_ff_shexp;
+        g->sh_gate = alloc_counted(g, rows * ff, sizeof(float));
+        g->sh_up = alloc_counted(g, rows * ff, sizeof(float));
+        g->sh_out = alloc_counted(g, rows * d, sizeof(float));
+        g->sh_g = alloc_counted(g, rows, sizeof(float));
+        ok = g->sh_gate && g->sh_up && g->sh_out && g->sh_g;
+    }
     if (ok && spec->kv_type == NM_KV_F16) {
         g->stage = alloc_counted(g, 2 * rows * (size_t)g->kv_dim, sizeof(float));
         ok = g->stage != NULL;

@@ -2,9 +2,11 @@
  * (nm_dense_spec) as one command buffer recorded at compile: attention norm,
  * the q/k/v matmuls, biases + q/k norms + RoPE + the K/V store, attention,
  * the output matmul, residual + FFN norm, the router matmul, a barrier
- * between each. The layer's weights and vectors are uploaded once into
- * device memory (F32/F16/BF16/Q8_0/Q4_K/MXFP4 read as they are, other types
- * converted to F32), the activations live in one host-visible buffer (the
+ * between each; then, with a shared expert, its gate, up and gate-logit
+ * matmuls, SwiGLU, the down matmul and the sigmoid gate. The layer's
+ * weights and vectors are uploaded once into device memory
+ * (F32/F16/BF16/Q8_0/Q4_K/MXFP4 read as they are, other types converted
+ * to F32), the activations live in one host-visible buffer (the
  * launch's position in its first word), the K/V in device memory; FP32
  * accumulation throughout; with an F16 cache the K/V are rounded to IEEE
  * half (nearest, ties to even, as the host) as they are stored, and kept as
@@ -19,7 +21,8 @@
 #include <string.h>
 
 enum { NONE = -1 }; /* an absent vector (0xffffffff in the shaders) */
-enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_R, N_MATS };
+/* the shared expert's (MAT_SG..MAT_SI) absent without one: 0 rows */
+enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_R, MAT_SG, MAT_SU, MAT_SD, MAT_SI, N_MATS };
 /* dense_attn.comp's MAX_HEAD_DIM: its per-invocation accumulator */
 enum { VK_MAX_HEAD_DIM = 256 };
 
@@ -34,6 +37,8 @@ struct vk_dense {
     vk_device *d;
     int32_t layer, rows, n_pos, n_head, n_head_kv, head_dim, n_expert;
     int64_t d_model, q_dim, kv_dim;
+    int64_t n_ff_shexp; /* 0: no shared expert */
+    bool shexp_gated;
     bool kv_f16; /* the host's side of kv_read/kv_write is IEEE half (the graph's, F32
                     holding values rounded to half) */
     vk_mat mats[N_MATS];
@@ -41,6 +46,7 @@ struct vk_dense {
     int64_t attn_norm, attn_norm_b, bq, bk, bv, bo, q_norm, k_norm, ffn_norm, ffn_norm_b, factors;
     /* float offsets in the activation buffer */
     uint32_t o_x, o_a, o_q, o_k, o_v, o_att, o_proj, o_xout, o_xn, o_logits;
+    uint32_t o_sg, o_su, o_sh, o_sl; /* the shared expert's gate, up, output, gate logit */
     vk_buffer weights, act, kv;
     VkDescriptorPool desc_pool;
     VkDescriptorSet set;
@@ -71,18 +77,35 @@ void nm_vk_dense_free(vk_dense *g) {
     nm_free(g);
 }
 
-/* Lays out the weights buffer: the five matrices, then the vectors. */
+/* The spec's matrices by MAT_*, an absent one (no shared expert, or no
+ * gate logit) with no rows. */
+static void spec_mats(const nm_dense_spec *s, nm_mat *m) {
+    const nm_mat none = {.type = NM_DTYPE_F32};
+    const bool sh = s->n_ff_shexp > 0;
+    m[MAT_Q] = s->wq;
+    m[MAT_K] = s->wk;
+    m[MAT_V] = s->wv;
+    m[MAT_O] = s->wo;
+    m[MAT_R] = s->router;
+    m[MAT_SG] = sh ? s->shexp_gate : none;
+    m[MAT_SU] = sh ? s->shexp_up : none;
+    m[MAT_SD] = sh ? s->shexp_down : none;
+    m[MAT_SI] = sh && s->shexp_gate_inp.data ? s->shexp_gate_inp : none;
+}
+
+/* Lays out the weights buffer: the matrices, then the vectors. */
 static VkDeviceSize layout_weights(vk_dense *g, const nm_dense_spec *s) {
-    const nm_mat *m[N_MATS] = {&s->wq, &s->wk, &s->wv, &s->wo, &s->router};
+    nm_mat m[N_MATS];
+    spec_mats(s, m);
     VkDeviceSize at = 0;
     for (int i = 0; i < N_MATS; i++) {
         vk_mat *v = &g->mats[i];
-        v->slot = nm_vk_type_slot(m[i]->type);
+        v->slot = nm_vk_type_slot(m[i].type);
         v->convert = v->slot < 0;
         if (v->convert) v->slot = nm_vk_type_slot(NM_DTYPE_F32);
-        v->row_bytes = v->convert ? (uint32_t)(m[i]->k * 4) : (uint32_t)m[i]->row_bytes;
+        v->row_bytes = v->convert ? (uint32_t)(m[i].k * 4) : (uint32_t)m[i].row_bytes;
         v->at = at;
-        at = round_up(at + (VkDeviceSize)m[i]->n * v->row_bytes, 16);
+        at = round_up(at + (VkDeviceSize)m[i].n * v->row_bytes, 16);
     }
     const struct {
         const float *p;
@@ -112,22 +135,27 @@ static VkDeviceSize layout_weights(vk_dense *g, const nm_dense_spec *s) {
 
 static nm_status upload_weights(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
     vk_device *d = g->d;
-    const nm_mat *m[N_MATS] = {&s->wq, &s->wk, &s->wv, &s->wo, &s->router};
+    nm_mat m[N_MATS];
+    spec_mats(s, m);
     vk_uploader u;
     nm_status st = nm_vk_uploader_begin(d, &g->weights, &u, err);
     if (st) return st;
-    float *row = nm_malloc((size_t)(g->d_model > g->q_dim ? g->d_model : g->q_dim) * 4);
+    int64_t k_max = 1; /* the longest row converted */
+    for (int i = 0; i < N_MATS; i++)
+        if (m[i].k > k_max) k_max = m[i].k;
+    float *row = nm_malloc((size_t)k_max * 4);
     if (!row) st = nm_errorf(err, NM_ERR_NOMEM, "%s: out of memory converting weights", d->label);
     for (int i = 0; i < N_MATS && st == NM_OK; i++) {
         const vk_mat *v = &g->mats[i];
+        if (m[i].n == 0) continue; /* absent */
         if (!v->convert) {
-            st = nm_vk_upload(d, &u, v->at, m[i]->data, (VkDeviceSize)(m[i]->n * m[i]->row_bytes),
-                              err);
+            st =
+                nm_vk_upload(d, &u, v->at, m[i].data, (VkDeviceSize)(m[i].n * m[i].row_bytes), err);
             continue;
         }
-        for (int64_t j = 0; j < m[i]->n && st == NM_OK; j++) {
-            nm_dequantize_row((nm_dtype)m[i]->type,
-                              (const uint8_t *)m[i]->data + j * m[i]->row_bytes, row, m[i]->k);
+        for (int64_t j = 0; j < m[i].n && st == NM_OK; j++) {
+            nm_dequantize_row((nm_dtype)m[i].type, (const uint8_t *)m[i].data + j * m[i].row_bytes,
+                              row, m[i].k);
             st =
                 nm_vk_upload(d, &u, v->at + (VkDeviceSize)j * v->row_bytes, row, v->row_bytes, err);
         }
@@ -227,12 +255,24 @@ static void norm(vk_dense *g, VkCommandBuffer cb, VkPipeline p, const nm_dense_s
     step(g->d, cb, p, pc, 11, (uint32_t)((g->rows + 63) / 64), 1);
 }
 
+/* The shared expert's elementwise steps over n values (dense_shexp.comp):
+ * mode 0 SwiGLU of x0 and y0 into x0, mode 1 x0 scaled by the sigmoid of
+ * y0's logit of each row of k. */
+static void elementwise(vk_dense *g, VkCommandBuffer cb, VkPipeline p, uint32_t x0, uint32_t y0,
+                        int64_t n, int64_t k, uint32_t mode) {
+    const uint32_t pc[5] = {x0, y0, (uint32_t)n, (uint32_t)k, mode};
+    const int64_t groups = (n + 63) / 64;
+    step(g->d, cb, p, pc, 5, (uint32_t)(groups < 65535 ? groups : 65535), 1);
+}
+
 static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
     vk_device *d = g->d;
     VkPipeline p_norm, p_qk, p_attn, p_mm[N_MATS];
     nm_status st = nm_vk_dense_pipeline(d, VK_DENSE_NORM, 0, &p_norm, err);
     if (st == NM_OK) st = nm_vk_dense_pipeline(d, VK_DENSE_QK, 0, &p_qk, err);
     if (st == NM_OK) st = nm_vk_dense_pipeline(d, VK_DENSE_ATTN, 0, &p_attn, err);
+    VkPipeline p_shexp;
+    if (st == NM_OK) st = nm_vk_dense_pipeline(d, VK_DENSE_SHEXP, 0, &p_shexp, err);
     for (int i = 0; i < N_MATS && st == NM_OK; i++)
         st = nm_vk_dense_pipeline(d, VK_DENSE_MATMUL, g->mats[i].slot, &p_mm[i], err);
     if (st) return st;
@@ -292,6 +332,20 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
              g->ffn_norm_b);
         nm_vk_barrier(d, cb, cs, rd);
         matmul(g, cb, p_mm[MAT_R], MAT_R, g->n_expert, g->d_model, g->o_xn, g->o_logits);
+        if (g->n_ff_shexp > 0) {
+            const int64_t ff = g->n_ff_shexp, dm = g->d_model;
+            matmul(g, cb, p_mm[MAT_SG], MAT_SG, ff, dm, g->o_xn, g->o_sg);
+            matmul(g, cb, p_mm[MAT_SU], MAT_SU, ff, dm, g->o_xn, g->o_su);
+            if (g->shexp_gated) matmul(g, cb, p_mm[MAT_SI], MAT_SI, 1, dm, g->o_xn, g->o_sl);
+            nm_vk_barrier(d, cb, cs, rd);
+            elementwise(g, cb, p_shexp, g->o_sg, g->o_su, g->rows * ff, 1, 0);
+            nm_vk_barrier(d, cb, cs, rd);
+            matmul(g, cb, p_mm[MAT_SD], MAT_SD, dm, ff, g->o_sg, g->o_sh);
+            if (g->shexp_gated) {
+                nm_vk_barrier(d, cb, cs, rd);
+                elementwise(g, cb, p_shexp, g->o_sh, g->o_sl, g->rows * dm, dm, 1);
+            }
+        }
         r = nm_vk_timed_end(d, cb, g->queries);
     }
     pthread_mutex_unlock(&d->mutex);
@@ -301,15 +355,16 @@ static nm_status record(vk_dense *g, const nm_dense_spec *s, nm_error *err) {
 
 nm_status nm_vk_dense_new(vk_device *d, const nm_dense_spec *s, vk_dense **out, nm_error *err) {
     *out = NULL;
-    const nm_mat *m[N_MATS] = {&s->wq, &s->wk, &s->wv, &s->wo, &s->router};
+    nm_mat m[N_MATS];
+    spec_mats(s, m);
     for (int i = 0; i < N_MATS; i++)
-        if (m[i]->layout != NM_LAYOUT_ROWS || !nm_dtype_is_supported(m[i]->type))
+        if (m[i].layout != NM_LAYOUT_ROWS || !nm_dtype_is_supported(m[i].type))
             return nm_errorf(err, NM_ERR_UNSUPPORTED,
                              "%s: dense graph of layer %d: %s weights of type %s (load the model "
                              "with --no-repack)",
                              d->label, s->layer,
-                             m[i]->layout != NM_LAYOUT_ROWS ? "repacked" : "unsupported",
-                             nm_dtype_name(m[i]->type));
+                             m[i].layout != NM_LAYOUT_ROWS ? "repacked" : "unsupported",
+                             nm_dtype_name(m[i].type));
     const uint32_t missing = nm_dense_spec_features(s) & ~d->base.ops->dense_features;
     if (missing)
         return nm_errorf(err, NM_ERR_UNSUPPORTED, "%s: dense graph of layer %d needs %s", d->label,
@@ -333,14 +388,20 @@ nm_status nm_vk_dense_new(vk_device *d, const nm_dense_spec *s, vk_dense **out, 
     g->q_dim = (int64_t)s->n_head * s->head_dim;
     g->kv_dim = (int64_t)s->n_head_kv * s->head_dim;
     g->kv_f16 = s->kv_type == NM_KV_F16;
+    g->n_ff_shexp = s->n_ff_shexp;
+    g->shexp_gated = s->n_ff_shexp > 0 && s->shexp_gate_inp.data;
     const VkDeviceSize w_bytes = layout_weights(g, s);
     /* the activation buffer, in floats: position, then the chunk's tensors */
     const int64_t rows = s->rows, dm = g->d_model, qd = g->q_dim, kvd = g->kv_dim;
     int64_t at = 4;
+    const int64_t ff = s->n_ff_shexp;
     uint32_t *offs[] = {&g->o_x,   &g->o_a,    &g->o_q,    &g->o_k,  &g->o_v,
-                        &g->o_att, &g->o_proj, &g->o_xout, &g->o_xn, &g->o_logits};
-    const int64_t sizes[] = {rows * dm, rows * dm, rows * qd, rows * kvd, rows * kvd,
-                             rows * qd, rows * dm, rows * dm, rows * dm,  rows * s->n_expert};
+                        &g->o_att, &g->o_proj, &g->o_xout, &g->o_xn, &g->o_logits,
+                        &g->o_sg,  &g->o_su,   &g->o_sh,   &g->o_sl};
+    const int64_t sizes[] = {rows * dm,          rows * dm,          rows * qd, rows * kvd,
+                             rows * kvd,         rows * qd,          rows * dm, rows * dm,
+                             rows * dm,          rows * s->n_expert, rows * ff, rows * ff,
+                             ff ? rows * dm : 0, ff ? rows : 0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *offs[i] = (uint32_t)at;
         at += (sizes[i] + 3) / 4 * 4;
@@ -389,7 +450,10 @@ float *nm_vk_dense_input(vk_dense *g) { return (float *)g->act.map + g->o_x; }
 
 void nm_vk_dense_get_outputs(const vk_dense *g, nm_dense_outputs *out) {
     const float *a = g->act.map;
-    *out = (nm_dense_outputs){.x = a + g->o_xout, .xn = a + g->o_xn, .logits = a + g->o_logits};
+    *out = (nm_dense_outputs){.x = a + g->o_xout,
+                              .xn = a + g->o_xn,
+                              .logits = a + g->o_logits,
+                              .shexp = g->n_ff_shexp > 0 ? a + g->o_sh : NULL};
 }
 
 void nm_vk_dense_launch(vk_dense *g, int32_t pos) {
@@ -427,6 +491,7 @@ void nm_vk_dense_wait(vk_dense *g) {
         memset(a + g->o_xout, 0, io * 4);
         memset(a + g->o_xn, 0, io * 4);
         memset(a + g->o_logits, 0, (size_t)g->rows * (size_t)g->n_expert * 4);
+        if (g->n_ff_shexp > 0) memset(a + g->o_sh, 0, io * 4);
         return;
     }
     nm_vk_sync_mapped(d, &g->act, false);

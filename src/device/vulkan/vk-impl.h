@@ -100,8 +100,9 @@ enum {
     VK_DENSE_NORM = 0,
     VK_DENSE_QK = 1,
     VK_DENSE_ATTN = 2,
-    VK_DENSE_MATMUL = 3,
-    VK_DENSE_SHADERS = 4
+    VK_DENSE_SHEXP = 3,
+    VK_DENSE_MATMUL = 4, /* last: the one with a pipeline per type */
+    VK_DENSE_SHADERS = 5
 };
 
 typedef struct vk_device {
@@ -121,7 +122,8 @@ typedef struct vk_device {
     double timestamp_period; /* ns per timestamp tick */
     VkShaderModule gate_up_module, down_module;
     /* graph kind 2 (dense.c): the shaders dense_norm, dense_qk, dense_attn,
-     * dense_matmul, the first three's pipelines and the matmul's by type */
+     * dense_shexp, dense_matmul, the first four's pipelines and the
+     * matmul's by type */
     VkShaderModule dense_modules[VK_DENSE_SHADERS];
     VkPipeline dense_pipes[VK_DENSE_SHADERS - 1];
     VkPipeline dense_matmul[VK_N_TYPES];
@@ -254,6 +256,8 @@ extern const uint32_t nm_vk_spirv_dense_qk[];
 extern const size_t nm_vk_spirv_dense_qk_bytes;
 extern const uint32_t nm_vk_spirv_dense_attn[];
 extern const size_t nm_vk_spirv_dense_attn_bytes;
+extern const uint32_t nm_vk_spirv_dense_shexp[];
+extern const size_t nm_vk_spirv_dense_shexp_bytes;
 extern const uint32_t nm_vk_spirv_dense_matmul[];
 extern const size_t nm_vk_spirv_dense_matmul_bytes;
 

@@ -587,7 +587,7 @@ static const nm_device_ops vk_ops = {
     .stats = vk_stats,
     .free = vk_free,
     .check = vk_check,
-    /* every form but an F16 cache and llama.cpp's F16 rounding (dense.c) */
+    /* every form but llama.cpp's F16 rounding (dense.c) */
     .dense_features = ((1u << NM_DENSE_F_COUNT) - 1) & ~(uint32_t)NM_DENSE_F_ROUND_F16,
     .compile_dense = nm_vk_dense_compile,
     .submit_dense = nm_vk_dense_submit,
@@ -654,6 +654,7 @@ static nm_status open_device(vk_device *d, nm_error *err) {
         [VK_DENSE_NORM] = {nm_vk_spirv_dense_norm, nm_vk_spirv_dense_norm_bytes},
         [VK_DENSE_QK] = {nm_vk_spirv_dense_qk, nm_vk_spirv_dense_qk_bytes},
         [VK_DENSE_ATTN] = {nm_vk_spirv_dense_attn, nm_vk_spirv_dense_attn_bytes},
+        [VK_DENSE_SHEXP] = {nm_vk_spirv_dense_shexp, nm_vk_spirv_dense_shexp_bytes},
         [VK_DENSE_MATMUL] = {nm_vk_spirv_dense_matmul, nm_vk_spirv_dense_matmul_bytes},
     };
     for (int i = 0; i < VK_DENSE_SHADERS && r == VK_SUCCESS; i++) {
