@@ -506,18 +506,18 @@ static void check_attention_rows(int n_head_kv, int group, int hd, int n_rows, i
 
 /* The blocked attention (and the reference where it does not run) over
  * random shapes under every variant this CPU runs: GQA groups of 1 to 16,
- * head sizes that are and are not multiples of 8 or 16 (and one past
- * NM_ATTENTION_HEAD_DIM_MAX), rows of different lengths crossing the key
+ * head sizes that are and are not multiples of 8 or 16 (the largest,
+ * MLA's 576, and one past NM_ATTENTION_HEAD_DIM_MAX), rows of different lengths crossing the key
  * blocks, windows, sinks, F32 and F16 caches, and sharp softmaxes whose
  * maximum moves from block to block. */
 static void test_attention_rows(void) {
     const nm_kernels_isa was = nm_kernels_active();
-    static const int hds[] = {16, 64, 128, 256, 8, 40, 72, 100, 7, 1, 520};
+    static const int hds[] = {16, 64, 128, 256, 8, 40, 72, 100, 7, 1, 576, 580};
     static const int groups[] = {1, 2, 3, 8, 16};
     for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
         if (!nm_kernels_force((nm_kernels_isa)isa)) continue;
         for (int c = 0; c < 40; c++) {
-            const int hd = hds[c % 11], group = groups[(c / 3) % 5];
+            const int hd = hds[c % 12], group = groups[(c / 3) % 5];
             const int n_head_kv = 1 + c % 3, n_rows = 1 + (c * 7) % 20;
             const int n_past = (c * 37) % 90, window = c % 4 == 1 ? 1 + (c * 13) % 40 : 0;
             const bool sinks_on = c % 5 == 2, half = c % 2 == 1;

@@ -332,8 +332,10 @@ void nm_attention_rows_f16_forward(const float *q, int64_t ldq, const uint16_t *
                                    int head_dim, float scale, const float *sinks, float *out,
                                    int64_t ldo, float *scores);
 /* The largest head_dim the blocked attention takes (its per-call scratch
- * lives on the stack), and the most rows nm_attention_rows_per_call gives. */
-enum { NM_ATTENTION_HEAD_DIM_MAX = 512, NM_ATTENTION_ROWS_MAX = 16 };
+ * lives on the stack): 576, the latent plus RoPE key of DeepSeek's
+ * multi-head latent attention (512 + 64); and the most rows
+ * nm_attention_rows_per_call gives. */
+enum { NM_ATTENTION_HEAD_DIM_MAX = 576, NM_ATTENTION_ROWS_MAX = 16 };
 /* How many rows of one sequence a caller best gives nm_attention_rows_forward
  * at once (its pool tasks): enough for 32 queries per KV head, two passes of
  * the blocked kernel, in 1 .. NM_ATTENTION_ROWS_MAX. Any count gives the

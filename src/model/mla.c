@@ -1,7 +1,8 @@
 /* Multi-head latent attention (DeepSeek-V2), over a cache that holds per
  * position only the normed latent c [n_lora_kv] and the RoPE key k_pe
  * [n_rot] every head shares. kv_b's key rows are absorbed into the query
- * (q_lat = W_kb^T q_nope per head) and its value rows applied after the
+ * (q_lat = W_kb^T q_nope per head, with an F32 copy of W_kb^T made at
+ * load, nm_model_mla_prepare) and its value rows applied after the
  * softmax (v = W_vb o_lat), so that q.k = q_lat.c + q_pe.k_pe and the
  * values are W_vb c: the same products llama.cpp computes from its full
  * K/V cache, summed in another order. Not here: the rest of the layer. */
@@ -36,50 +37,69 @@ static mla_dims dims_of(const nm_hparams *hp) {
                       .kvb = (int64_t)hp->n_nope + hp->n_v_head};
 }
 
-/* The rows of head h's keys (first nope rows) or values in wkv_b, as a
- * matrix of their own: wkv_b is never repacked, so its rows are the file's. */
-static nm_mat kvb_rows(const nm_layer *l, const mla_dims *dd, int h, bool values) {
+/* The rows of head h's values in wkv_b, as a matrix of their own: wkv_b
+ * is never repacked, so its rows are the file's. */
+static nm_mat kvb_values(const nm_layer *l, const mla_dims *dd, int h) {
     nm_mat w = l->wkv_b;
-    const int64_t first = h * dd->kvb + (values ? dd->nope : 0);
+    const int64_t first = h * dd->kvb + dd->nope;
     w.data = (const uint8_t *)l->wkv_b.data + (size_t)first * l->wkv_b.row_bytes;
-    w.n = values ? dd->v : dd->nope;
+    w.n = dd->v;
     return w;
+}
+
+nm_status nm_model_mla_prepare(nm_model *m, nm_error *err) {
+    const nm_hparams *hp = &m->hp;
+    const mla_dims dd = dims_of(hp);
+    const size_t per_layer = (size_t)hp->n_head * (size_t)dd.lora * (size_t)dd.nope;
+    NM_ASSERT(!m->mla_k_t);
+    m->mla_k_t = nm_malloc((size_t)hp->n_layer * per_layer * sizeof(float));
+    float *row = nm_malloc((size_t)dd.lora * sizeof(float));
+    if (!m->mla_k_t || !row) {
+        nm_free(row);
+        return nm_errorf(err, NM_ERR_NOMEM,
+                         "out of memory for the transposed key rows of attn_kv_b (%.1f MiB)",
+                         (double)((size_t)hp->n_layer * per_layer * sizeof(float)) / 1048576.0);
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        nm_layer *l = &m->layers[il];
+        float *t = m->mla_k_t + (size_t)il * per_layer;
+        for (int h = 0; h < hp->n_head; h++)
+            for (int64_t i = 0; i < dd.nope; i++) {
+                const uint8_t *src =
+                    (const uint8_t *)l->wkv_b.data + (size_t)(h * dd.kvb + i) * l->wkv_b.row_bytes;
+                nm_dequantize_row((nm_dtype)l->wkv_b.type, src, row, dd.lora);
+                for (int64_t c = 0; c < dd.lora; c++)
+                    t[((size_t)h * dd.lora + c) * dd.nope + i] = row[c];
+            }
+        l->wk_b_t = (nm_mat){.data = t,
+                             .type = NM_DTYPE_F32,
+                             .n = (int64_t)hp->n_head * dd.lora,
+                             .k = dd.nope,
+                             .row_bytes = (size_t)dd.nope * sizeof(float)};
+    }
+    nm_free(row);
+    return NM_OK;
 }
 
 typedef struct absorb_ctx {
     const nm_layer *l;
     mla_dims dd;
-    int32_t n;
+    int32_t n, n_head;
     const float *q; /* [n][n_head][qk] */
     float *q_lat;   /* [n][n_head][lat] */
 } absorb_ctx;
 
-/* Head h: q_lat[t][h][c] = sum_i q[t][h][i] wkv_b[h kvb + i][c], the
- * kv_b rows widened to F32 in slices of 256 (a multiple of every block). */
+/* Head h: q_lat[t][h][:lora] = W_kb,h^T q_nope[t][h], a matmul with the
+ * head's rows of wk_b_t. */
 static void absorb_task(void *p, int h, int thread) {
     (void)thread;
     const absorb_ctx *c = p;
     const mla_dims *dd = &c->dd;
-    const int64_t n_head = c->l->wkv_b.n / dd->kvb;
-    const nm_mat w = kvb_rows(c->l, dd, h, false);
-    float row[256];
-    for (int32_t t = 0; t < c->n; t++)
-        memset(c->q_lat + ((size_t)t * n_head + h) * dd->lat, 0, (size_t)dd->lora * sizeof(float));
-    for (int64_t c0 = 0; c0 < dd->lora; c0 += 256) {
-        const int64_t len = dd->lora - c0 < 256 ? dd->lora - c0 : 256;
-        size_t off;
-        NM_ASSERT(nm_dtype_row_bytes(w.type, c0, &off));
-        for (int64_t i = 0; i < dd->nope; i++) {
-            nm_dequantize_row((nm_dtype)w.type, (const uint8_t *)w.data + i * w.row_bytes + off,
-                              row, len);
-            for (int32_t t = 0; t < c->n; t++) {
-                const float qi = c->q[((size_t)t * n_head + h) * dd->qk + i];
-                float *y = c->q_lat + ((size_t)t * n_head + h) * dd->lat + c0;
-                for (int64_t j = 0; j < len; j++)
-                    y[j] += qi * row[j];
-            }
-        }
-    }
+    nm_mat w = c->l->wk_b_t;
+    w.data = (const uint8_t *)w.data + (size_t)h * (size_t)dd->lora * w.row_bytes;
+    w.n = dd->lora;
+    nm_matmul_forward(&w, c->q + (size_t)h * dd->qk, (int64_t)c->n_head * dd->qk, c->n,
+                      c->q_lat + (size_t)h * dd->lat, (int64_t)c->n_head * dd->lat, 0, dd->lora);
 }
 
 typedef struct attend_ctx {
@@ -154,7 +174,7 @@ bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch 
     }
     if (!tap(b, il, "Qcur", q, n_head * dd.qk) || !tap(b, il, "kv_compressed", kv_new, dd.lat))
         return false;
-    absorb_ctx ac = {.l = l, .dd = dd, .n = n, .q = q, .q_lat = b->q};
+    absorb_ctx ac = {.l = l, .dd = dd, .n = n, .n_head = n_head, .q = q, .q_lat = b->q};
     nm_pool_run(b->pool, absorb_task, &ac, n_head);
     for (int32_t t = 0; t < n; t++)
         for (int h = 0; h < n_head; h++)
@@ -180,7 +200,7 @@ bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch 
     nm_pool_run(b->pool, attend_task, &c, (n + per_task - 1) / per_task);
     /* v per head from its latent output: [n][n_head][v] into q */
     for (int h = 0; h < n_head; h++) {
-        const nm_mat wv = kvb_rows(l, &dd, h, true);
+        const nm_mat wv = kvb_values(l, &dd, h);
         nm_matmul_parallel(b->pool, &wv, b->att + h * dd.lat, n_head * dd.lat, n, b->q + h * dd.v,
                            n_head * dd.v);
     }

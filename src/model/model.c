@@ -196,6 +196,7 @@ static nm_status prepare_weights(nm_model *m, nm_error *err) {
 void nm_model_free(nm_model *model) {
     if (!model) return;
     nm_prepared_free(&model->prepared);
+    nm_free(model->mla_k_t);
     nm_tokenizer_free(model->tok);
     nm_free(model->layers);
     nm_gguf_close(model->gguf);

@@ -114,6 +114,10 @@ typedef struct nm_layer {
     /* [n_head][n_nope + n_v_head][n_lora_kv]: per head the rows giving
      * k_nope, then those giving v; read by rows, never repacked */
     nm_mat wkv_b;
+    /* [n_head * n_lora_kv][n_nope] F32: per head the transpose of wkv_b's
+     * k_nope rows, made at load (nm_model_mla_prepare), which takes q_nope
+     * into the latent space as a matmul */
+    nm_mat wk_b_t;
     /* a dense layer (il < hp.n_layer_dense_lead): its FFN, no router */
     nm_mat ffn_gate; /* [n_ff][n_embd] */
     nm_mat ffn_up;   /* [n_ff][n_embd] */
@@ -154,6 +158,7 @@ struct nm_model {
     /* copies of weights the kernels wanted in a layout of their own
      * (nm_kernels_prepare), which the nm_mat above then point into */
     nm_prepared prepared;
+    float *mla_k_t; /* every layer's wk_b_t (MLA), or NULL */
 };
 
 /* ---- helpers for adapters (model.c) ---- */
@@ -359,6 +364,9 @@ bool nm_model_route_logits(const nm_model *m, int32_t il, const nm_model_batch *
  * MLA model: the same contract, over a cache of latents and k_pe. */
 bool nm_model_attention_mla(const nm_model *m, int32_t il, const nm_model_batch *b,
                             const nm_kv_view *kv);
+/* Makes every layer's wk_b_t from its wkv_b (m->mla_k_t), for the loader
+ * of an MLA model once its weights are in place. */
+nm_status nm_model_mla_prepare(nm_model *m, nm_error *err);
 /* Floats per row the shared expert or a dense layer's FFN needs in
  * nm_model_batch.shexp (0: the model has neither). */
 int64_t nm_model_shexp_scratch(const nm_hparams *hp);

@@ -138,7 +138,8 @@ static nm_status load(nm_model *m, nm_error *err) {
             return nm_errorf(err, NM_ERR_UNSUPPORTED,
                              "tensor '%s': DeepSeek-V3's expert bias is not supported", name);
     }
-    return nm_model_load_weights(m, &spec, err);
+    if ((st = nm_model_load_weights(m, &spec, err))) return st;
+    return nm_model_mla_prepare(m, err);
 }
 
 const nm_arch nm_arch_deepseek2 = {.name = "deepseek2", .load = load};
