@@ -1,7 +1,7 @@
 /* Chat templates: the real templates of Qwen3 (qwen3-vocab.gguf) and
  * Phi-3.5-MoE (llama2-vocab.gguf, tiny-phimoe), and one with harmony's
- * markers, are recognised (harmony renders the strings ik_llama.cpp's
- * llama_chat_apply_template gives); a file
+ * markers, are recognised (harmony renders the strings ik_llama.cpp's and
+ * llama.cpp's llama_chat_apply_template give); a file
  * without one, and one with a template npumoe does not know, are errors
  * that name the fallback; each format renders exactly the text its template
  * writes (strings written out from the templates); and the rendered
@@ -231,7 +231,8 @@ int main(void) {
     check_render(NM_CHAT_DEEPSEEK2, NULL, "User: Hi there\n\nAssistant:");
     check_render(NM_CHAT_DEEPSEEK2, "Be brief.", "Be brief.\n\nUser: Hi there\n\nAssistant:");
     check_deepseek2_detect();
-    /* harmony: the strings ik_llama.cpp's llama_chat_apply_template gives */
+    /* harmony: the strings llama_chat_apply_template("gpt-oss", ...) gives in
+     * ik_llama.cpp 8337e4cd and in llama.cpp d32676d77 (the same bytes) */
     check_render(NM_CHAT_HARMONY, NULL,
                  "<|start|>user<|message|>Hi there<|end|><|start|>assistant");
     check_render(NM_CHAT_HARMONY, "Be brief.",
