@@ -1180,6 +1180,9 @@ static void check_same_plan(const nm_plan *a, const nm_plan *b) {
     CHECK_INT_EQ(a->moe.chunk, b->moe.chunk);
     CHECK_INT_EQ(a->moe.n_layer, b->moe.n_layer);
     CHECK_INT_EQ(a->moe.n_expert, b->moe.n_expert);
+    CHECK_INT_EQ(a->first_layer, b->first_layer);
+    CHECK_INT_EQ(a->n_shared, b->n_shared);
+    CHECK_INT_EQ(a->d_ff_shared, b->d_ff_shared);
     CHECK_INT_EQ(a->moe.overflow, b->moe.overflow);
     CHECK_INT_EQ(a->moe.salience, b->moe.salience);
     CHECK(a->quantile == b->quantile);
@@ -1208,6 +1211,60 @@ static void check_same_plan(const nm_plan *a, const nm_plan *b) {
                 CHECK_INT_EQ(la->groups[g].experts[i], lb->groups[g].experts[i]);
         }
     }
+}
+
+/* A model with shared experts (its shape says so, as qwen2moe's and
+ * deepseek2's do): the plan records them, reads them back, prints them, and
+ * a model whose shared experts differ, or that has none, refuses it; the
+ * plan of a model without them has no such keys. */
+static void test_plan_shared(const nm_model *m, const nm_calib *c, const nm_profile *prof,
+                             const nm_plan_params *pp) {
+    nm_moe_shape sh = *shape(m);
+    sh.n_shared = 2;
+    sh.d_ff_shared = 64;
+    nm_plan *p = NULL;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_plan_make(&sh, c, prof, pp, &p, &err), NM_OK);
+    if (!p) return;
+    CHECK_INT_EQ(p->n_shared, 2);
+    CHECK_INT_EQ(p->d_ff_shared, 64);
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_INT_EQ(nm_plan_save_memory(p, &text, &n, &err), NM_OK);
+    CHECK(text && contains(text, "\"shared_experts\": 2") &&
+          contains(text, "\"shared_expert_ff\": 64"));
+    nm_plan *r = NULL;
+    CHECK_INT_EQ(nm_plan_load_memory(text, n, "s.plan.json", &sh, &r, &err), NM_OK);
+    if (r) check_same_plan(p, r);
+    nm_plan_free(r);
+    r = NULL;
+    CHECK_INT_EQ(nm_plan_load_memory(text, n, "s.plan.json", shape(m), &r, &err),
+                 NM_ERR_INVALID_ARG);
+    CHECK_MSG(err,
+              "the plan is for 2 shared experts of width 64 in all, the model has 0 of width 0");
+    CHECK(r == NULL);
+    nm_moe_shape wider = sh;
+    wider.d_ff_shared = 128;
+    CHECK_INT_EQ(nm_plan_load_memory(text, n, "s.plan.json", &wider, &r, &err), NM_ERR_INVALID_ARG);
+    CHECK_MSG(err, "the model has 2 of width 128");
+    CHECK(r == NULL);
+    nm_free(text);
+    char *desc = NULL;
+    size_t nd = 0;
+    FILE *f = open_memstream(&desc, &nd);
+    if (f) {
+        nm_plan_describe(p, f);
+        fclose(f);
+        CHECK(contains(desc, "shared:     2 shared experts (d_ff 64 in all) on every token"));
+        free(desc);
+    }
+    nm_plan_free(p);
+    p = make_plan(m, c, prof, pp);
+    if (!p) return;
+    CHECK_INT_EQ(nm_plan_save_memory(p, &text, &n, &err), NM_OK);
+    CHECK(text && !contains(text, "shared"));
+    nm_free(text);
+    nm_plan_free(p);
 }
 
 static void test_plan_files(const nm_model *m, const nm_model *other, const nm_calib *c) {
@@ -1275,9 +1332,11 @@ static void test_plan_files(const nm_model *m, const nm_model *other, const nm_c
         CHECK(contains(text, "layer 2:"));
         CHECK(contains(text, "device tier   16"));
         CHECK(contains(text, "host   tier    4"));
+        CHECK(!contains(text, "shared"));
         free(text);
     }
     nm_plan_free(p);
+    test_plan_shared(m, c, &prof, &qp);
 }
 
 /* ---- malformed files ---- */
@@ -1417,6 +1476,18 @@ static void test_malformed(const nm_model *m, const nm_model *other) {
            "npumoe-plan version 1 was written by an older npumoe (this one reads version 2): "
            "make the plan again with `npumoe plan`");
     REFUSE(PLAN, m, edit(pt, "\"version\": 2,", ""), NM_ERR_NOT_FOUND, "missing key 'version'");
+    REFUSE(PLAN, m, edit(pt, "\"n_expert\": 8,", "\"n_expert\": 8, \"shared_experts\": 0,"),
+           NM_ERR_FORMAT, "shared_experts");
+    REFUSE(PLAN, m, edit(pt, "\"n_expert\": 8,", "\"n_expert\": 8, \"shared_experts\": 65,"),
+           NM_ERR_FORMAT, "shared_experts");
+    REFUSE(PLAN, m, edit(pt, "\"n_expert\": 8,", "\"n_expert\": 8, \"shared_experts\": 1,"),
+           NM_ERR_NOT_FOUND, "missing key 'shared_expert_ff'");
+    REFUSE(PLAN, m, edit(pt, "\"n_expert\": 8,", "\"n_expert\": 8, \"shared_expert_ff\": 64,"),
+           NM_ERR_FORMAT, "shared_expert_ff without shared_experts");
+    REFUSE(PLAN, m,
+           edit(pt, "\"n_expert\": 8,",
+                "\"n_expert\": 8, \"shared_experts\": 1, \"shared_expert_ff\": 64,"),
+           NM_ERR_INVALID_ARG, "the plan is for 1 shared experts of width 64 in all");
     REFUSE(PLAN, m, edit(pt, "\"quantile\",", "\"greedy\","), NM_ERR_FORMAT,
            "objective: unknown \"greedy\"");
     REFUSE(PLAN, m, edit(pt, "\"granule\": 0", "\"granule\": 4"), NM_ERR_FORMAT,

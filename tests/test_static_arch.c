@@ -8,7 +8,8 @@
  * tiny model, with capacities that hold every load, naive, tiers, grouped
  * and npumoe give dense's logits (prefill in padded chunks of 16, then
  * decode steps), capacity 1 with spill too, and the routed assignments
- * reported to calibration are n_tokens * k per layer. */
+ * reported to calibration are n_tokens * k per layer; the model's MoE shape,
+ * which plans record, has its shared experts. */
 #include "harness.h"
 
 #include "engine/engine.h"
@@ -37,7 +38,10 @@ static void count_loads(void *ctx, int32_t layer, const int32_t *loads, int32_t 
         n_routed += loads[e];
 }
 
-static void check_model(const char *base, const char *name, nm_compat compat, nm_device *dev) {
+/* n_shared, d_ff_shared: the shared experts the model's files were made
+ * with (model.json), which its MoE shape, and so its plans, must record. */
+static void check_model(const char *base, const char *name, nm_compat compat, nm_device *dev,
+                        int32_t n_shared, int32_t d_ff_shared) {
     char dir[512], path[1024];
     snprintf(dir, sizeof dir, "%s/%s", base, name);
     snprintf(path, sizeof path, "%s/model.gguf", dir);
@@ -51,6 +55,10 @@ static void check_model(const char *base, const char *name, nm_compat compat, nm
     const int nv = m->hp.n_vocab, n_layer = nm_model_n_moe_layers(&m->hp),
               n_expert = m->hp.n_expert;
     CHECK(n_layer <= NM_TEST_MAX_LAYER && n_expert <= NM_TEST_MAX_EXPERT && n_expert % 2 == 0);
+    nm_moe_shape sh;
+    nm_model_moe_shape(m, &sh);
+    CHECK_INT_EQ(sh.n_shared, n_shared);
+    CHECK_INT_EQ(sh.d_ff_shared, d_ff_shared);
     int32_t ids[MAX_IDS];
     const int n = read_prompt(dir, 3, ids); /* 100 tokens: 6 chunks of 16 and a padded 4 */
     CHECK_INT_EQ(n, 100);
@@ -99,15 +107,15 @@ int main(void) {
     CHECK_INT_EQ(nm_device_open(&(nm_device_params){.name = "cpu", .n_threads = 1}, &dev, &err),
                  NM_OK);
     if (!dev) return nm_test_finish("test_static_arch");
-    check_model(NM_VECTORS_DIR, "tiny-olmoe", NM_COMPAT_NONE, dev);
-    check_model(NM_VECTORS_DIR, "tiny-mixtral", NM_COMPAT_LLAMA_CPP, dev);
-    check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_LLAMA_CPP, dev);
-    check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_NONE, dev);
-    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-qwen2moe", NM_COMPAT_NONE, dev);
-    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2", NM_COMPAT_NONE, dev);
-    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2-qlora", NM_COMPAT_NONE, dev);
-    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss", NM_COMPAT_NONE, dev);
-    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss-mxfp4", NM_COMPAT_NONE, dev);
+    check_model(NM_VECTORS_DIR, "tiny-olmoe", NM_COMPAT_NONE, dev, 0, 0);
+    check_model(NM_VECTORS_DIR, "tiny-mixtral", NM_COMPAT_LLAMA_CPP, dev, 0, 0);
+    check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_LLAMA_CPP, dev, 0, 0);
+    check_model(NM_VECTORS_DIR, "tiny-phimoe", NM_COMPAT_NONE, dev, 0, 0);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-qwen2moe", NM_COMPAT_NONE, dev, 1, 32);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2", NM_COMPAT_NONE, dev, 2, 16);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-deepseek2-qlora", NM_COMPAT_NONE, dev, 1, 16);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss", NM_COMPAT_NONE, dev, 0, 0);
+    check_model(NM_SOURCE_DIR "/tests/vectors", "tiny-gptoss-mxfp4", NM_COMPAT_NONE, dev, 0, 0);
     nm_device_close(dev);
     return nm_test_finish("test_static_arch");
 }

@@ -28,6 +28,8 @@
 #define NM_PLAN_MAX_LAYERS 4096
 #define NM_PLAN_MAX_EXPERTS 65536
 #define NM_PLAN_MAX_TIERS 32
+#define NM_PLAN_MAX_SHARED 64           /* shared experts per layer */
+#define NM_PLAN_MAX_SHARED_FF (1 << 26) /* their width in all */
 #define NM_CALIB_MAX_CELLS ((int64_t)1 << 26)
 #define NM_CALIB_MAX_CHUNKS ((int64_t)1 << 31)
 
@@ -45,6 +47,10 @@ typedef struct nm_moe_shape {
     int32_t k; /* experts per token */
     int32_t d_model;
     int32_t d_ff; /* of one expert */
+    /* shared experts: dense work on every token, with the layer's dense part
+     * and never in a tier or group; 0 and 0 when the model has none */
+    int32_t n_shared;
+    int32_t d_ff_shared; /* of all of them together */
     /* layer l's experts as the model holds them (their types and bytes,
      * and the weights a device profile runs); ctx is passed back. NULL
      * when the model has no weights: then only calibrations and plans can
@@ -140,9 +146,9 @@ nm_status nm_calib_check_shape(const nm_calib *calib, const nm_moe_shape *shape,
  * (sum of load * count) equal n_tokens * k, n_chunks <= n_tokens <=
  * n_chunks * chunk. Save refuses a calibration whose layers saw different
  * numbers of chunks (a recording stopped inside a forward pass).
- * nm_calib_save and nm_calib_load are public (npumoe.h); the same in memory: save hands out the document (the caller nm_free()s
- * *text; *n_bytes excludes its NUL); for load, name stands for the file in
- * messages. Files are written atomically (nm_outfile). */
+ * nm_calib_save and nm_calib_load are public (npumoe.h); the same in memory: save hands out the
+ * document (the caller nm_free()s *text; *n_bytes excludes its NUL); for load, name stands for the
+ * file in messages. Files are written atomically (nm_outfile). */
 nm_status nm_calib_save_memory(const nm_calib *calib, char **text, size_t *n_bytes, nm_error *err);
 nm_status nm_calib_load_memory(const char *text, size_t n_bytes, const char *name, nm_calib **out,
                                nm_error *err);
@@ -187,8 +193,9 @@ typedef struct nm_plan_cost {
 struct nm_plan {
     nm_fingerprint fingerprint;
     char device[32];
-    nm_moe_plan moe;     /* chunk, groups (tier, experts, residency), policies */
-    int32_t first_layer; /* the model layer of moe's layer 0 (nm_moe_shape) */
+    nm_moe_plan moe;               /* chunk, groups (tier, experts, residency), policies */
+    int32_t first_layer;           /* the model layer of moe's layer 0 (nm_moe_shape) */
+    int32_t n_shared, d_ff_shared; /* the model's shared experts (nm_moe_shape) */
     int32_t n_tiers;
     int32_t *tiers; /* [n_tiers] the tier set the plan chose from, ascending */
     double quantile;
@@ -200,7 +207,7 @@ struct nm_plan {
      * routing weight over capacity (the lightest first) */
     double predicted_drop_rate;
     double predicted_drop_weight;
-    nm_plan_cost *layer_cost;  /* [n_layer] */
+    nm_plan_cost *layer_cost; /* [n_layer] */
     /* [n_layer] whether npumoe mode runs the layer's dense part on the
      * device; NULL for a plan file made before the planner chose this:
      * then a layer's dense part goes where one of its groups is */

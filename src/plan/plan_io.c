@@ -73,7 +73,11 @@ nm_status nm_plan_save_memory(const nm_plan *plan, char **text, size_t *n_bytes,
               /* only where layers without experts come first: absent is 0 */
               (plan->first_layer == 0 ||
                nm_json_put(root, "first_moe_layer", json_integer(plan->first_layer))) &&
-              nm_json_put(root, "n_expert", json_integer(moe->n_expert));
+              nm_json_put(root, "n_expert", json_integer(moe->n_expert)) &&
+              /* only for models with shared experts: absent is none */
+              (plan->n_shared == 0 ||
+               (nm_json_put(root, "shared_experts", json_integer(plan->n_shared)) &&
+                nm_json_put(root, "shared_expert_ff", json_integer(plan->d_ff_shared))));
     ok = nm_json_put(root, "tiers", tiers) && ok;
     for (int32_t i = 0; ok && i < plan->n_tiers; i++)
         ok = nm_json_push(tiers, json_integer(plan->tiers[i]));
@@ -367,8 +371,26 @@ static nm_status read_plan(const json_t *root, void *vctx, nm_error *err) {
                          "the plan's layers start at the model's layer %lld, the model's MoE "
                          "layers at %d",
                          (long long)first_layer, ctx->shape->first_layer);
+    /* the shared experts: absent in plans of models without them */
+    int64_t n_shared = 0, d_ff_shared = 0;
+    if (json_object_get(root, "shared_experts") &&
+        ((st = nm_json_get_int(root, "shared_experts", 1, NM_PLAN_MAX_SHARED, &n_shared, NULL,
+                               err)) ||
+         (st = nm_json_get_int(root, "shared_expert_ff", 1, NM_PLAN_MAX_SHARED_FF, &d_ff_shared,
+                               NULL, err))))
+        return st;
+    if (!json_object_get(root, "shared_experts") && json_object_get(root, "shared_expert_ff"))
+        return nm_errorf(err, NM_ERR_FORMAT, "shared_expert_ff without shared_experts");
+    if (ctx->shape && (n_shared != ctx->shape->n_shared || d_ff_shared != ctx->shape->d_ff_shared))
+        return nm_errorf(err, NM_ERR_INVALID_ARG,
+                         "the plan is for %lld shared experts of width %lld in all, the model has "
+                         "%d of width %d",
+                         (long long)n_shared, (long long)d_ff_shared, ctx->shape->n_shared,
+                         ctx->shape->d_ff_shared);
     nm_plan *plan = ctx->plan;
     plan->first_layer = (int32_t)first_layer;
+    plan->n_shared = (int32_t)n_shared;
+    plan->d_ff_shared = (int32_t)d_ff_shared;
     snprintf(plan->device, sizeof plan->device, "%s", device);
     plan->fingerprint = fp;
     plan->moe.chunk = (int32_t)chunk;
@@ -443,6 +465,11 @@ void nm_plan_describe(const nm_plan *plan, FILE *f) {
                 "layers:     the model's %d..%d (those before have no experts; below, "
                 "layer l is the model's l + %d)\n",
                 plan->first_layer, plan->first_layer + moe->n_layer - 1, plan->first_layer);
+    if (plan->n_shared > 0)
+        fprintf(f,
+                "shared:     %d shared expert%s (d_ff %d in all) on every token, with each "
+                "layer's dense part, in no tier or group\n",
+                plan->n_shared, plan->n_shared == 1 ? "" : "s", plan->d_ff_shared);
     fprintf(f, "tiers:     ");
     for (int32_t i = 0; i < plan->n_tiers; i++)
         fprintf(f, " %d", plan->tiers[i]);

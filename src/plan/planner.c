@@ -790,6 +790,8 @@ nm_status nm_plan_make(const nm_moe_shape *shape, const nm_calib *calib, const n
     if (st == NM_OK) {
         plan->fingerprint = calib->fingerprint;
         plan->first_layer = shape->first_layer;
+        plan->n_shared = shape->n_shared;
+        plan->d_ff_shared = shape->d_ff_shared;
         snprintf(plan->device, sizeof plan->device, "%s", profile->device);
         plan->moe.chunk = calib->chunk;
         plan->moe.n_expert = n_expert;

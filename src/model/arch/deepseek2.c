@@ -124,6 +124,7 @@ static nm_status load(nm_model *m, nm_error *err) {
                          "expert_shared_count %d not in [0, 64]",
                          hp->n_ff, 1 << 20, n_shared);
     hp->n_ff_shexp = n_shared * hp->n_ff_exp;
+    hp->n_expert_shared = n_shared;
     if ((st = rope_scaling(m, err)) || (st = routing(m, err))) return st;
     const nm_weight_spec spec = {.norm_bias = NM_ABSENT,
                                  .attn_bias = NM_ABSENT,

@@ -30,6 +30,7 @@ static nm_status load(nm_model *m, nm_error *err) {
         return nm_errorf(err, NM_ERR_FORMAT,
                          "qwen2moe.expert_shared_feed_forward_length = %d is not in [1, %d]",
                          m->hp.n_ff_shexp, 1 << 20);
+    m->hp.n_expert_shared = 1;
     const nm_weight_spec spec = {.norm_bias = NM_ABSENT,
                                  .attn_bias = NM_ABSENT,
                                  .output_bias = NM_ABSENT,
