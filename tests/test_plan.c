@@ -1213,6 +1213,17 @@ static void check_same_plan(const nm_plan *a, const nm_plan *b) {
     }
 }
 
+/* nm_plan_describe's text (free() it), or NULL. */
+static char *describe(const nm_plan *p) {
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) return NULL;
+    nm_plan_describe(p, f);
+    fclose(f);
+    return text;
+}
+
 /* A model with shared experts (its shape says so, as qwen2moe's and
  * deepseek2's do): the plan records them, reads them back, prints them, and
  * a model whose shared experts differ, or that has none, refuses it; the
@@ -1249,15 +1260,9 @@ static void test_plan_shared(const nm_model *m, const nm_calib *c, const nm_prof
     CHECK_MSG(err, "the model has 2 of width 128");
     CHECK(r == NULL);
     nm_free(text);
-    char *desc = NULL;
-    size_t nd = 0;
-    FILE *f = open_memstream(&desc, &nd);
-    if (f) {
-        nm_plan_describe(p, f);
-        fclose(f);
-        CHECK(contains(desc, "shared:     2 shared experts (d_ff 64 in all) on every token"));
-        free(desc);
-    }
+    char *desc = describe(p);
+    CHECK(desc && contains(desc, "shared:     2 shared experts (d_ff 64 in all) on every token"));
+    free(desc);
     nm_plan_free(p);
     p = make_plan(m, c, prof, pp);
     if (!p) return;
@@ -1282,18 +1287,15 @@ static void test_plan_files(const nm_model *m, const nm_model *other, const nm_c
         CHECK_INT_EQ(nm_plan_load(TMP("budget.plan.json"), shape(m), &r, &err), NM_OK);
         if (r) check_same_plan(p, r);
         nm_plan_free(r);
-        char *text = NULL;
-        size_t n = 0;
-        FILE *f = open_memstream(&text, &n);
-        if (f) {
-            nm_plan_describe(p, f);
-            fclose(f);
+        char *text = describe(p);
+        CHECK(text != NULL);
+        if (text) {
             CHECK(contains(text, "tiers:      4 8 12 16 (multiples of 4 rows: the least expected "
                                  "dropped routing weight"));
             CHECK(contains(text, "objective:  budget, 44 rows per layer and chunk"));
             CHECK(contains(text, "overflow predicted on the calibration: "));
-            free(text);
         }
+        free(text);
     }
     nm_plan_free(p);
 
@@ -1321,20 +1323,17 @@ static void test_plan_files(const nm_model *m, const nm_model *other, const nm_c
         CHECK(r == NULL);
     }
     /* the summary names the device, the tiers and every layer */
-    char *text = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&text, &n);
-    if (f) {
-        nm_plan_describe(p, f);
-        fclose(f);
+    char *text = describe(p);
+    CHECK(text != NULL);
+    if (text) {
         CHECK(contains(text, "synthetic"));
         CHECK(contains(text, "tiers:      1 2 4 8 16"));
         CHECK(contains(text, "layer 2:"));
         CHECK(contains(text, "device tier   16"));
         CHECK(contains(text, "host   tier    4"));
         CHECK(!contains(text, "shared"));
-        free(text);
     }
+    free(text);
     nm_plan_free(p);
     test_plan_shared(m, c, &prof, &qp);
 }
