@@ -20,7 +20,7 @@ void nm_model_moe_shape(const nm_model *model, nm_moe_shape *out) {
                           .k = hp->n_expert_used,
                           .d_model = hp->n_embd,
                           .d_ff = hp->n_ff_exp,
-                          .n_shared = hp->n_ff_shexp > 0 ? hp->n_expert_shared : 0,
+                          .n_shared = hp->n_expert_shared,
                           .d_ff_shared = hp->n_ff_shexp,
                           .layer_experts = model->vocab_only ? NULL : layer_experts,
                           .ctx = model};

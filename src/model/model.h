@@ -41,7 +41,8 @@ typedef struct nm_hparams {
     int32_t n_expert_used;   /* k */
     int32_t n_ff_exp;        /* d_ff of one expert */
     int32_t n_ff_shexp;      /* d_ff of the shared expert; 0: the layers have none */
-    int32_t n_expert_shared; /* experts in it (deepseek2: expert_shared_count, one stack) */
+    int32_t n_expert_shared; /* experts in it (deepseek2: expert_shared_count, one stack); 0 with
+                                n_ff_shexp */
     float rope_freq_base;
     float rms_eps; /* eps of every norm, RMS or Layer */
     nm_norm_kind norm;

@@ -25,7 +25,7 @@
 enum { LANES = 8, PASS_LANES = 16, KEY_BLOCK = 16 };
 _Static_assert(NM_ATTENTION_HEAD_DIM_MAX == 576, "the pass scratch below is sized for it");
 
-/* One pass's state, on the calling thread's stack (about 147 KiB). */
+/* One pass's state, on the calling thread's stack (about 145 KiB). */
 typedef struct pass_scratch {
     _Alignas(32) float qt[NM_ATTENTION_HEAD_DIM_MAX * PASS_LANES]; /* [head_dim][16] queries^T */
     float ot[NM_ATTENTION_HEAD_DIM_MAX * PASS_LANES]; /* [head_dim][16] unnormalised outputs */
