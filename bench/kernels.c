@@ -188,6 +188,11 @@ static int run_test(const char *variant, const bench_test *bt, const nm_mat *w, 
     return bad != 0;
 }
 
+/* Memory for weights in a variant's layout, on a cache line as
+ * nm_kernels_prepare places them (malloc's large blocks start 16 bytes
+ * into a page, which splits many of the kernels' vector loads). */
+static uint8_t *copy_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 /* nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK: gate and up (N x K
  * each, in the variant's own layout where it has one) over m rows, then
  * SwiGLU, as two matmuls (nm_matmul_swiglu_by) and as the fused
@@ -212,7 +217,7 @@ static int bench_swiglu(int reps, const char *type_name, const char *isa_name, c
     wu.data = wd + (size_t)n * rb;
     uint8_t *pd = NULL;
     if (nm_mat_repack_wanted(&wg)) {
-        pd = malloc(2 * (size_t)n * rb);
+        pd = copy_alloc(2 * (size_t)n * rb);
         wg = nm_mat_repack(&wg, pd);
         wu = nm_mat_repack(&wu, pd + (size_t)n * rb);
     }
@@ -360,7 +365,7 @@ int main(int argc, char **argv) {
                 failures += run_test(name, &tests[s], &w, x, y, yr, &tol, extra, quantised, reps);
                 if (nm_mat_repack_wanted(&w)) {
                     /* the same weights in the variant's own layout */
-                    uint8_t *pd = malloc((size_t)(n * n_mat) * rb);
+                    uint8_t *pd = copy_alloc((size_t)(n * n_mat) * rb);
                     nm_mat pw = w;
                     for (int64_t e = 0; e < n_mat; e++) {
                         nm_mat we = w;

@@ -216,8 +216,11 @@ bool nm_kernels_check_env(const char **bad) {
 bool nm_mat_repack_wanted(const nm_mat *w) {
 #if defined(__x86_64__)
     const nm_kernels_isa isa = nm_kernels_active();
-    return (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX) && w->layout == NM_LAYOUT_ROWS &&
-           w->n >= 16 && nm_kernels_is_panel16_type(w->type);
+    const bool reads = isa == NM_KERNELS_AVX2 ? nm_matmul_avx2_quantises(w->type)
+                       : isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX
+                           ? nm_kernels_is_panel16_type(w->type)
+                           : false;
+    return reads && w->layout == NM_LAYOUT_ROWS && w->n >= 16;
 #else
     (void)w;
     return false;
@@ -228,18 +231,38 @@ nm_mat nm_mat_repack(const nm_mat *w, void *dst) {
     NM_ASSERT(nm_mat_repack_wanted(w));
     nm_mat out = *w;
 #if defined(__x86_64__)
-    nm_avx512vnni_repack(w, dst);
+    if (nm_kernels_active() == NM_KERNELS_AVX2)
+        nm_avx2_repack(w, dst);
+    else
+        nm_avx512vnni_repack(w, dst);
     out.data = dst;
     out.layout = NM_LAYOUT_PANEL16;
 #endif
     return out;
 }
 
+/* The variant that computes a matrix of this type in NM_LAYOUT_PANEL16
+ * while isa is active: isa itself where it reads the layout (amx;
+ * avx512vnni; avx2 for the types it quantises), else avx512vnni where the
+ * CPU runs it, else avx2 (which made the copy: the same bits either way). */
+static nm_kernels_isa panel16_reader(nm_kernels_isa isa, uint32_t type) {
+#if defined(__x86_64__)
+    if (isa == NM_KERNELS_AMX || isa == NM_KERNELS_AVX512VNNI) return isa;
+    if (isa == NM_KERNELS_AVX2 && nm_matmul_avx2_quantises(type)) return isa;
+    static atomic_int vnni = -1; /* whether the CPU runs avx512vnni, once asked */
+    if (atomic_load(&vnni) < 0)
+        atomic_store(&vnni, nm_kernels_isa_supported(NM_KERNELS_AVX512VNNI) ? 1 : 0);
+    return atomic_load(&vnni) ? NM_KERNELS_AVX512VNNI : NM_KERNELS_AVX2;
+#else
+    (void)type;
+    return isa;
+#endif
+}
+
 void nm_matmul_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                        int64_t ldy, int64_t j0, int64_t j1) {
-    /* a repacked matrix is in avx512vnni's own layout, which amx reads too */
     nm_kernels_isa isa = nm_kernels_active();
-    if (w->layout == NM_LAYOUT_PANEL16 && isa != NM_KERNELS_AMX) isa = NM_KERNELS_AVX512VNNI;
+    if (w->layout == NM_LAYOUT_PANEL16) isa = panel16_reader(isa, w->type);
     switch (isa) {
 #if defined(__x86_64__)
     case NM_KERNELS_AMX:
@@ -273,7 +296,7 @@ void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x
     /* the fused versions where nm_matmul_forward would run their variant
      * for both matrices; otherwise two of its calls */
     nm_kernels_isa isa = nm_kernels_active();
-    if (wg->layout == NM_LAYOUT_PANEL16 && isa != NM_KERNELS_AMX) isa = NM_KERNELS_AVX512VNNI;
+    if (wg->layout == NM_LAYOUT_PANEL16) isa = panel16_reader(isa, wg->type);
     if (wg->layout == wu->layout) switch (isa) {
 #if defined(__x86_64__)
         case NM_KERNELS_AMX:

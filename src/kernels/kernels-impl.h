@@ -122,6 +122,14 @@ void nm_matmul_swiglu_by(nm_matmul_fn fn, const nm_mat *wg, const nm_mat *wu, co
                          int64_t ldx, int64_t m, float *h, int64_t ldh, float *u, int64_t ldu,
                          int64_t j0, int64_t j1);
 
+/* A fused gate and up's last step over a block of outputs: h = silu(h) * u
+ * (nm_swiglu_forward) in rows [i0, i1), columns [j, je). */
+static inline void nm_swiglu_block(float *h, int64_t ldh, const float *u, int64_t ldu, int64_t i0,
+                                   int64_t i1, int64_t j, int64_t je) {
+    for (int64_t i = i0; i < i1; i++)
+        nm_swiglu_forward(h + i * ldh + j, u + i * ldu + j, h + i * ldh + j, je - j);
+}
+
 /* Whether gate and up can share one pass: the same type, shape and layout. */
 static inline bool nm_matmul_fusable(const nm_mat *wg, const nm_mat *wu) {
     return wg->type == wu->type && wg->n == wu->n && wg->k == wu->k &&
@@ -146,8 +154,9 @@ void nm_attention_f16_ref_forward(const float *q, const uint16_t *k_cache, const
 void nm_matmul_avx2_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                             int64_t ldy, int64_t j0, int64_t j1);
 /* The avx2 variant (x86/avx2-int8.c): activations quantised to int8 blocks
- * for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights in the file's layout, with
- * avx512vnni's bits; other types to nm_matmul_avx2_forward. */
+ * for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights in the file's layout or
+ * NM_LAYOUT_PANEL16, with avx512vnni's bits; other types to
+ * nm_matmul_avx2_forward. */
 void nm_matmul_avx2_int8_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                                  int64_t ldy, int64_t j0, int64_t j1);
 /* nm_matmul_swiglu_forward under avx2: quantised gate and up that
@@ -157,6 +166,9 @@ void nm_matmul_swiglu_avx2_forward(const nm_mat *wg, const nm_mat *wu, const flo
                                    int64_t j0, int64_t j1);
 /* Whether avx2 quantises the activations for weights of this type. */
 bool nm_matmul_avx2_quantises(uint32_t type);
+/* nm_mat_repack's work under avx2: w's rows into dst in NM_LAYOUT_PANEL16,
+ * the bytes nm_avx512vnni_repack writes. */
+void nm_avx2_repack(const nm_mat *w, void *dst);
 void nm_matmul_avx512_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                               int64_t ldy, int64_t j0, int64_t j1);
 /* Row dequantisation with AVX-512 for Q4_0, Q4_K, Q5_K and Q6_K (other

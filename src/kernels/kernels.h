@@ -98,18 +98,18 @@ int32_t nm_kernels_row_granule(void);
 bool nm_kernels_check_env(const char **bad);
 
 /* Whether the variant in use computes w faster from a copy in a layout of
- * its own: avx512vnni or amx (which reads the same layout) with Q8_0, Q4_0,
- * Q4_K, Q5_K or Q6_K weights of at least 16 rows, in the file's layout
- * (Q8_0: for prefill, whose panels then need no transposition; its decode
- * measured no faster either way, docs/PERFORMANCE.md). */
+ * its own, NM_LAYOUT_PANEL16: avx512vnni or amx (which read the same
+ * layout) with Q8_0, Q4_0, Q4_K, Q5_K, Q6_K or MXFP4 weights, avx2 with all
+ * of those but MXFP4; at least 16 rows, in the file's layout. */
 bool nm_mat_repack_wanted(const nm_mat *w);
 /* Writes the n * row_bytes bytes of w (one nm_mat_repack_wanted accepts) to
  * dst, which must not overlap them, in that layout, and returns the matrix
  * at dst. Every matmul gives the same bits from the copy as avx512vnni from
- * w; the copy goes to avx512vnni whichever variant is in use later
- * (to amx while amx is in use). Rows
- * [16a, 16b) come out the same whatever the other rows, so a matrix may be
- * repacked in parts that start at multiples of 16 rows. */
+ * w. The copy is computed by the variant in use where that one reads the
+ * layout (amx, avx512vnni, avx2 for the types it repacks), else by
+ * avx512vnni where the CPU runs it, else by avx2. Rows [16a, 16b) come out
+ * the same whatever the other rows, so a matrix may be repacked in parts
+ * that start at multiples of 16 rows. */
 nm_mat nm_mat_repack(const nm_mat *w, void *dst);
 
 /* ---- weights prepared for the kernels at load ---- */

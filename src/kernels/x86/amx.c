@@ -268,8 +268,7 @@ static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64
                 bf16_cols(w2, j, j1, k0, kn, i0, mi, xt, apad, cbuf, y2, ldy2, m);
                 if (k0 + kn < k) continue;
                 const int64_t je = j + 32 < j1 ? j + 32 : j1;
-                for (int64_t i = i0; i < i0 + mi; i++)
-                    nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j, je - j);
+                nm_swiglu_block(y, ldy, y2, ldy2, i0, i0 + mi, j, je);
             }
         }
     }
@@ -456,10 +455,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
                     q_cols(type, w, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, panel, y, ldy);
                 if (w2) {
                     q_cols(type, w2, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, panel, y2, ldy2);
-                    if (k0 + kn == k)
-                        for (int64_t i = i0; i < i1; i++)
-                            nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j,
-                                              je - j);
+                    if (k0 + kn == k) nm_swiglu_block(y, ldy, y2, ldy2, i0, i1, j, je);
                 }
                 j = je;
             }

@@ -7,10 +7,14 @@
  * same bits. F32, F16, BF16 and MXFP4 weights go to avx2.c's float path.
  * Compiled with -mavx2 -mfma -mf16c; only called when CPUID reports them.
  *
- * As in avx512vnni, one 32-bit lane per weight row: NC = 8 rows are
- * transposed into a panel once per slice of K (lane c of q[t] holds codes
- * 4t..4t+3 of row c) and every register tile of up to RT_MAX activation
- * rows reads it, broadcasting 4 activation codes at a time. vpmaddubsw
+ * As in avx512vnni, one 32-bit lane per weight row (lane c of q[t] holds
+ * codes 4t..4t+3 of row c), NC = 8 rows at a time: transposed from the
+ * file's rows, or read from the panel16 layout (panel16.h) that
+ * nm_mat_repack makes at load, half a group's 64-byte vectors at a time.
+ * For more than RT_MAX activation rows a slice of K of the weights is
+ * unpacked once into a panel that every register tile reads; fewer rows
+ * (decoding) read them as they go. A tile broadcasts 4 activation codes at
+ * a time. vpmaddubsw
  * multiplies unsigned bytes (weights) by signed ones (activations) and adds
  * pairs into saturating int16; the bounds below keep every int16 exact, so
  * the int32 sums equal avx512vnni's:
@@ -23,6 +27,7 @@
  *   pair at most 2 * 128 * 127 = 32512, widened to int32 at once. */
 #if defined(__x86_64__)
 #include "kernels/kernels-impl.h"
+#include "panel16.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
@@ -34,14 +39,16 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* QB: elements per activation block; NC: weight rows per panel (lanes);
- * RT_MAX: activation rows per register tile (RT_MAX float and up to
- * 3 RT_MAX integer accumulators + weights and codes fit the 16 registers). */
-enum { QB = 32, NC = 8, RT_MAX = 4 };
+/* QB: elements per activation block; NC: weight rows per register (lanes;
+ * half a group of the panel16 layout); RT_MAX: activation rows per register
+ * tile (RT_MAX float and up to 3 RT_MAX integer accumulators + weights and
+ * codes fit the 16 registers). */
+enum { QB = PANEL_UNIT, NC = 8, RT_MAX = 4 };
 /* Stack buffers per call (168 KiB, no heap): the quantised activation rows
- * of a row block over a slice of at most KC elements of K, and one panel of
- * NC weight rows over that slice (40 KiB). */
-enum { XBUF_BYTES = 128 * 1024, KC = 4096 };
+ * of a row block over a slice of K (at most KC elements where a panel is
+ * filled, KC_DIRECT where the tiles read the weights), and one panel of NC
+ * weight rows over a slice (40 KiB). */
+enum { XBUF_BYTES = 128 * 1024, KC = 4096, KC_DIRECT = 65536 };
 
 /* One unit of NC weight rows: q[t] lane c holds codes 4t..4t+3 of row c
  * (Q8_0 signed, the others unsigned as stored); s lane c the scale (dw;
@@ -107,7 +114,16 @@ static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, nm
     }
 }
 
-/* ---- weights: NC rows transposed into lanes ---- */
+/* ---- weights: NC rows into lanes ---- */
+
+/* Where a tile's NC weight rows come from, from the slice's first fetch:
+ * the file's rows r[c], or, when pk is set, half `half` of a group of the
+ * panel16 layout (its rows 8 half.. 8 half + 7). */
+typedef struct wsrc {
+    const uint8_t *r[NC];
+    const uint8_t *pk;
+    int half;
+} wsrc;
 
 /* 16 bytes at r[c] + at of the NC rows: out[t] lane c is dword t of row c.
  * Register p holds [row p | row p + 4]; dword then qword interleaves within
@@ -147,26 +163,37 @@ ALWAYS_INLINE __m256 half_lo(__m256i v) {
     return _mm256_cvtph_ps(_mm256_castsi256_si128(p));
 }
 
-/* Bytes of one row per fetch (a block, or a K-quant super-block), and the
- * units of 32 weights one fetch holds. */
-ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
-    return type == NM_DTYPE_Q8_0   ? NM_Q8_0_BYTES
-           : type == NM_DTYPE_Q4_0 ? NM_Q4_0_BYTES
-                                   : nm_quant_chunk_bytes(type); /* a super-block */
+/* In the panel16 layout: half h of the 64-byte vector at p; of the 8 at p;
+ * of the 16 f16 at p, as floats. */
+ALWAYS_INLINE __m256i pk_vec(const uint8_t *p, int h) {
+    return _mm256_loadu_si256((const __m256i *)(p + 32 * h));
 }
-ALWAYS_INLINE int units_per_fetch(uint32_t type) {
-    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 ? 1 : NM_QK_K / QB;
+ALWAYS_INLINE void pk_vec8(const uint8_t *p, int h, __m256i *v) {
+    for (int t = 0; t < 8; t++)
+        v[t] = pk_vec(p + 64 * t, h);
+}
+ALWAYS_INLINE __m256 pk_f16(const uint8_t *p, int h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
 }
 
-/* Q4_K/Q5_K: the eight units' scales of the super-blocks at r[c] + at
- * (o[u].s = dk * sc_u, o[u].aux = dmin * mn_u, rounded as the
- * dequantisation rounds them). The first 16 bytes transposed: d and dmin,
- * then the 12 scale bytes (nm_k4_scale_min) as a0, a1, a2: byte j of a0
- * holds sc_j (j < 4) and the top bits of sc_{j+4} in bits 6-7, a1 the same
- * for the mins, byte j of a2 the low nibbles of sc_{j+4} and mn_{j+4}. */
-ALWAYS_INLINE void k4_scales(const uint8_t *const *r, size_t at, wblock *o) {
-    __m256i hd[4];
-    transpose16(r, at, hd);
+/* The 8 vectors of 32 bytes of each row in the fetch at byte at of the
+ * rows: transposed from the file's (the bytes at + file_at), or read from
+ * the panel16 layout (at pk_at of its fetch). */
+ALWAYS_INLINE void vec8(const wsrc *src, int packed, size_t at, size_t file_at, size_t pk_at,
+                        __m256i *v) {
+    if (packed)
+        pk_vec8(src->pk + PANEL_ROWS * at + pk_at, src->half, v);
+    else
+        transpose32(src->r, at + file_at, v);
+}
+
+/* Q4_K/Q5_K: the eight units' scales (o[u].s = dk * sc_u, o[u].aux =
+ * dmin * mn_u, rounded as the dequantisation rounds them) from dword t of
+ * each row's super-block in hd[t]: d and dmin, then the 12 scale bytes
+ * (nm_k4_scale_min) as a0, a1, a2: byte j of a0 holds sc_j (j < 4) and the
+ * top bits of sc_{j+4} in bits 6-7, a1 the same for the mins, byte j of a2
+ * the low nibbles of sc_{j+4} and mn_{j+4}. */
+ALWAYS_INLINE void k4_scales(const __m256i *hd, wblock *o) {
     const __m256 dk = half_lo(hd[0]), dmin = half_lo(_mm256_srli_epi32(hd[0], 16));
     const __m256i m6 = _mm256_set1_epi32(63), m4 = _mm256_set1_epi32(15), m2 = _mm256_set1_epi32(3);
     for (int j = 0; j < 4; j++) {
@@ -185,20 +212,30 @@ ALWAYS_INLINE void k4_scales(const uint8_t *const *r, size_t at, wblock *o) {
     }
 }
 
-/* Fetch g of the NC rows r (each from the slice's first block) into
+/* Fetch g of the NC rows (packed: from the panel16 layout) into
  * o[units_per_fetch]: its scales and its codes as the tiles read them. */
-ALWAYS_INLINE void fetch(uint32_t type, const uint8_t *const *r, int64_t g, wblock *o) {
+ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, wblock *o) {
     const size_t at = (size_t)g * fetch_bytes(type);
+    const uint8_t *pb = packed ? src->pk + PANEL_ROWS * at : NULL;
+    const int h = src->half;
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256i v[8];
     switch (type) {
-    case NM_DTYPE_Q8_0:
-        o->s = f16_lanes(r, at);
-        transpose32(r, at + 2, o->q);
+    case NM_DTYPE_Q8_0: /* the layout's codes are + 128: flipped back */
+        o->s = packed ? pk_f16(pb, h) : f16_lanes(src->r, at);
+        vec8(src, packed, at, 2, 2 * PANEL_ROWS, o->q);
+        for (int t = 0; t < 8 && packed; t++)
+            o->q[t] = _mm256_xor_si256(o->q[t], _mm256_set1_epi8((char)0x80));
         return;
     case NM_DTYPE_Q4_0: /* element l: low nibble of qs[l], l + 16: its high one */
-        o->s = f16_lanes(r, at);
-        transpose16(r, at + 2, v);
+        if (packed) {
+            o->s = pk_f16(pb, h);
+            for (int t = 0; t < 4; t++)
+                v[t] = pk_vec(pb + 2 * PANEL_ROWS + 64 * t, h);
+        } else {
+            o->s = f16_lanes(src->r, at);
+            transpose16(src->r, at + 2, v);
+        }
         for (int t = 0; t < 4; t++) {
             o->q[t] = _mm256_and_si256(v[t], nib);
             o->q[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v[t], 4), nib);
@@ -206,66 +243,81 @@ ALWAYS_INLINE void fetch(uint32_t type, const uint8_t *const *r, int64_t g, wblo
         return;
     case NM_DTYPE_Q4_K:
     case NM_DTYPE_Q5_K: {
-        /* sub-block pair p reads qs[32p..], low nibbles for sub-block 2p,
-         * high ones for 2p + 1; Q5_K adds 16 where bit j of qh[l] is set
-         * (element l of sub-block j) */
-        k4_scales(r, at, o);
-        const size_t qs_at = at + 4 + NM_K_SCALES_BYTES + (type == NM_DTYPE_Q5_K ? NM_QK_K / 8 : 0);
-        __m256i h[8];
-        if (type == NM_DTYPE_Q5_K) transpose32(r, at + 4 + NM_K_SCALES_BYTES, h);
+        /* part p reads qs[32p..], low nibbles for sub-block 2p, high ones
+         * for 2p + 1; Q5_K adds 16 where bit j of qh[l] is set (element l
+         * of sub-block j) */
+        __m256i hd[4], hb[8];
+        for (int i = 0; i < 4 && packed; i++)
+            hd[i] = pk_vec(pb + 64 * i, h);
+        if (!packed) transpose16(src->r, at, hd);
+        k4_scales(hd, o);
+        if (type == NM_DTYPE_Q5_K)
+            vec8(src, packed, at, kq_high_at(type, 0), pk_high_at(type, 0), hb);
         const __m256i bit4 = _mm256_set1_epi8(0x10);
         for (int p = 0; p < 4; p++) {
-            transpose32(r, qs_at + 32 * (size_t)p, v);
+            vec8(src, packed, at, kq_codes_at(type, p), pk_codes_at(type, p), v);
             for (int t = 0; t < 8; t++) {
                 __m256i q0 = _mm256_and_si256(v[t], nib);
                 __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v[t], 4), nib);
                 if (type == NM_DTYPE_Q5_K) {
                     /* bit j of each qh byte moved to bit 4 (j = 2p, 2p + 1;
                      * shifts within a dword move no other byte's bit there) */
-                    const __m256i h0 = 2 * p <= 4 ? _mm256_slli_epi32(h[t], 4 - 2 * p)
-                                                  : _mm256_srli_epi32(h[t], 2 * p - 4);
-                    const __m256i h1 = 2 * p + 1 <= 4 ? _mm256_slli_epi32(h[t], 3 - 2 * p)
-                                                      : _mm256_srli_epi32(h[t], 2 * p - 3);
+                    const __m256i h0 = 2 * p <= 4 ? _mm256_slli_epi32(hb[t], 4 - 2 * p)
+                                                  : _mm256_srli_epi32(hb[t], 2 * p - 4);
+                    const __m256i h1 = 2 * p + 1 <= 4 ? _mm256_slli_epi32(hb[t], 3 - 2 * p)
+                                                      : _mm256_srli_epi32(hb[t], 2 * p - 3);
                     q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, bit4));
                     q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, bit4));
                 }
-                o[2 * p].q[t] = q0;
-                o[2 * p + 1].q[t] = q1;
+                o[kq_unit(type, p, 0)].q[t] = q0;
+                o[kq_unit(type, p, 1)].q[t] = q1;
             }
         }
         return;
     }
     default: { /* Q6_K */
-        /* unit u uses scales 2u and 2u + 1, bytes 2u % 4 and 2u % 4 + 1 of
-         * scale word u / 2, kept as the pair of int16 (sc1 & 0xffff) |
-         * sc2 << 16; dk is the last two bytes */
-        __m256i sw[4];
-        transpose16(r, at + 192, sw);
-        const __m256 dk = f16_lanes(r, at + NM_Q6_K_BYTES - 2);
-        for (int u = 0; u < 8; u++) {
-            const int k = 2 * u;
-            const __m256i s1 =
-                _mm256_srai_epi32(_mm256_slli_epi32(sw[k / 4], 24 - 8 * (k % 4)), 24);
-            const __m256i s2 =
-                _mm256_srai_epi32(_mm256_slli_epi32(sw[k / 4], 16 - 8 * (k % 4)), 24);
-            o[u].aux = _mm256_or_si256(_mm256_and_si256(s1, _mm256_set1_epi32(0xffff)),
-                                       _mm256_slli_epi32(s2, 16));
-            o[u].s = dk;
+        /* unit u uses scales 2u and 2u + 1, kept as the pair of int16
+         * (sc1 & 0xffff) | sc2 << 16 */
+        if (packed) {
+            const __m256 dk = pk_f16(pb + PK_Q6_D, h);
+            for (int u = 0; u < 8; u++) {
+                o[u].aux = _mm256_cvtepi8_epi16(
+                    _mm_loadu_si128((const __m128i *)(pb + 2 * PANEL_ROWS * u + 16 * h)));
+                o[u].s = dk;
+            }
+        } else {
+            /* in the file: bytes 2u % 4 and 2u % 4 + 1 of scale word u / 2;
+             * dk the last two bytes */
+            __m256i sw[4];
+            transpose16(src->r, at + 192, sw);
+            const __m256 dk = f16_lanes(src->r, at + NM_Q6_K_BYTES - 2);
+            for (int u = 0; u < 8; u++) {
+                const int k = 2 * u;
+                const __m256i s1 =
+                    _mm256_srai_epi32(_mm256_slli_epi32(sw[k / 4], 24 - 8 * (k % 4)), 24);
+                const __m256i s2 =
+                    _mm256_srai_epi32(_mm256_slli_epi32(sw[k / 4], 16 - 8 * (k % 4)), 24);
+                o[u].aux = _mm256_or_si256(_mm256_and_si256(s1, _mm256_set1_epi32(0xffff)),
+                                           _mm256_slli_epi32(s2, 16));
+                o[u].s = dk;
+            }
         }
         /* in half hh, unit g takes the low (g < 2) or high nibbles of
-         * ql[64hh + 32 (g & 1)..] and bits 2g..2g+1 of qh[32hh..] above them */
+         * ql[64hh + 32 (g & 1)..] and bits 2g..2g+1 of qh[32hh..] above
+         * them: part p = 2hh + j gives units g = j and j + 2 */
         const __m256i top = _mm256_set1_epi8(0x30);
         for (int hh = 0; hh < 2; hh++) {
             __m256i hq[8];
-            transpose32(r, at + NM_QK_K / 2 + 32 * (size_t)hh, hq);
+            vec8(src, packed, at, kq_high_at(type, 2 * hh), pk_high_at(type, 2 * hh), hq);
             for (int j = 0; j < 2; j++) {
-                transpose32(r, at + 64 * (size_t)hh + 32 * (size_t)j, v);
+                const int p = 2 * hh + j;
+                vec8(src, packed, at, kq_codes_at(type, p), pk_codes_at(type, p), v);
                 for (int t = 0; t < 8; t++) {
                     const __m256i h0 = _mm256_slli_epi32(hq[t], 4 - 2 * j);
                     const __m256i h1 = j == 0 ? hq[t] : _mm256_srli_epi32(hq[t], 2);
-                    o[4 * hh + j].q[t] =
+                    o[kq_unit(type, p, 0)].q[t] =
                         _mm256_or_si256(_mm256_and_si256(v[t], nib), _mm256_and_si256(h0, top));
-                    o[4 * hh + j + 2].q[t] =
+                    o[kq_unit(type, p, 1)].q[t] =
                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v[t], 4), nib),
                                         _mm256_and_si256(h1, top));
                 }
@@ -290,6 +342,7 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
     __m256i s16[RT_MAX], s32[RT_MAX], first_half[RT_MAX];
     for (int r = 0; r < rt; r++)
         s16[r] = s32[r] = first_half[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int t = 0; t < 8; t++) {
         const __m256i w = _mm256_load_si256(&wb->q[t]);
         const __m256i aw = type == NM_DTYPE_Q8_0 ? _mm256_abs_epi8(w) : w;
@@ -300,6 +353,9 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
             if (type == NM_DTYPE_Q8_0) xv = _mm256_sign_epi8(xv, w);
             const __m256i p = _mm256_maddubs_epi16(aw, xv);
             s16[r] = t % group == 0 ? p : _mm256_add_epi16(s16[r], p);
+            /* in this order: gcc otherwise moves every product ahead of
+             * the sums and spills them (16 registers) */
+            __asm__("" : "+x"(s16[r]));
             if (t % group == group - 1)
                 s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
         }
@@ -328,64 +384,132 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
     }
 }
 
-/* rt rows x NC outputs over the nb units of a panel. acc starts at 0 for
- * the first slice of K, else from y (a float stored and reloaded is the
- * same float); cmask: the lanes that are outputs. */
-ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, const int8_t *xq, int64_t ldq,
-                        const nm_xblock *xm, int64_t ldm, int64_t nb, float *y, int64_t ldy,
-                        __m256i cmask, int first) {
-    /* Q6_K's units in avx512vnni's order: 0, 2, 1, 3 in each half */
-    static const int q6_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+/* Lines to fetch into L2 while a tile runs: for fetch g, pf_len bytes from
+ * at + g * step (none when at is NULL). */
+typedef struct prefetch {
+    const uint8_t *at;
+    size_t step, len;
+} prefetch;
+
+/* rt rows x NC outputs over the nb units of a slice, the weights from a
+ * panel, or fetched from src as they are used (packed: from the panel16
+ * layout). acc starts at 0 for the first slice of K, else from y (a float
+ * stored and reloaded is the same float); cmask: the lanes that are
+ * outputs. K-quant units in avx512vnni's order (kq_unit). */
+ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, int packed, const wsrc *src,
+                        const int8_t *xq, int64_t ldq, const nm_xblock *xm, int64_t ldm, int64_t nb,
+                        float *y, int64_t ldy, __m256i cmask, int first, prefetch pf) {
+    enum { G_MAX = NM_QK_K / QB };
+    const int g_units = units_per_fetch(type);
     __m256 acc[RT_MAX];
     for (int r = 0; r < rt; r++)
         acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, cmask);
-    for (int64_t ui = 0; ui < nb; ui++) {
-        const int64_t b = type == NM_DTYPE_Q6_K ? ui / 8 * 8 + q6_order[ui % 8] : ui;
-        unit_rows(type, rt, panel + b, xq + QB * b, ldq, xm + b, ldm, acc);
+    for (int64_t g = 0; g < nb / g_units; g++) {
+        if (pf.at)
+            for (size_t o = (size_t)g * pf.step; o < (size_t)g * pf.step + pf.len; o += 64)
+                _mm_prefetch((const char *)pf.at + o, _MM_HINT_T1);
+        _Alignas(32) wblock tmp[G_MAX];
+        const wblock *wb = panel ? panel + g * g_units : tmp;
+        if (!panel) fetch(type, packed, src, g, tmp);
+        for (int ui = 0; ui < g_units; ui++) {
+            const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
+            const int64_t b = g * g_units + u;
+            unit_rows(type, rt, wb + u, xq + QB * b, ldq, xm + b, ldm, acc);
+        }
     }
     for (int r = 0; r < rt; r++)
         _mm256_maskstore_ps(y + r * ldy, cmask, acc[r]);
 }
 
 /* Tile heights with constant bounds, so the accumulators live in registers. */
-ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wblock *panel, const int8_t *xq,
-                           int64_t ldq, const nm_xblock *xm, int64_t ldm, int64_t nb, float *y,
-                           int64_t ldy, __m256i cmask, int first) {
+ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wblock *panel, int packed, const wsrc *src,
+                           const int8_t *xq, int64_t ldq, const nm_xblock *xm, int64_t ldm,
+                           int64_t nb, float *y, int64_t ldy, __m256i cmask, int first,
+                           prefetch pf) {
+#define NM_TILE(R) tile(type, R, panel, packed, src, xq, ldq, xm, ldm, nb, y, ldy, cmask, first, pf)
     switch (rt) {
     case 4:
-        tile(type, 4, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        NM_TILE(4);
         return;
     case 3:
-        tile(type, 3, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        NM_TILE(3);
         return;
     case 2:
-        tile(type, 2, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        NM_TILE(2);
         return;
     default:
-        tile(type, 1, panel, xq, ldq, xm, ldm, nb, y, ldy, cmask, first);
+        NM_TILE(1);
     }
+#undef NM_TILE
 }
 
-/* Outputs [j, je) of w (je - j <= NC) for the quantised activation rows
- * [i0, i1) over the slice k0 + [0, kn): the rows' panel, then its tiles. */
-ALWAYS_INLINE void col_group(uint32_t type, const nm_mat *w, int64_t j, int64_t je, int64_t k0,
-                             int64_t kn, int64_t i0, int64_t i1, const int8_t *xq,
-                             const nm_xblock *xm, wblock *panel, float *y, int64_t ldy) {
+/* Outputs [j, je) of w (within one register's NC rows; returns je) for the
+ * quantised activation rows [i0, i1) over the slice k0 + [0, kn): with
+ * use_panel the slice's weights unpacked once into panel for every tile,
+ * else each tile reads them itself. Rows below n_grouped are in the
+ * panel16 layout, the register's first row then the first of its half
+ * group. */
+ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j,
+                                int64_t j1, int64_t k0, int64_t kn, int64_t i0, int64_t i1,
+                                const int8_t *xq, const nm_xblock *xm, int use_panel, wblock *panel,
+                                float *y, int64_t ldy) {
     const int64_t fetch_k = QB * units_per_fetch(type), nb = kn / QB;
-    const int ct = (int)(je - j);
     const size_t at = (size_t)(k0 / fetch_k) * fetch_bytes(type);
-    const uint8_t *r[NC];
-    for (int c = 0; c < NC; c++) /* lanes past ct repeat the last row */
-        r[c] = (const uint8_t *)w->data + (size_t)(j + (c < ct ? c : ct - 1)) * w->row_bytes + at;
-    for (int64_t g = 0; g < kn / fetch_k; g++)
-        fetch(type, r, g, panel + g * units_per_fetch(type));
+    const int packed = j < n_grouped;
+    const int64_t jl = packed ? j / NC * NC : j; /* lane 0's row */
+    const int64_t je = jl + NC < j1 ? jl + NC : j1;
+    wsrc src = {.pk = NULL};
+    if (packed) {
+        src.pk = (const uint8_t *)w->data + (size_t)(jl / PANEL_ROWS * PANEL_ROWS) * w->row_bytes +
+                 PANEL_ROWS * at;
+        src.half = (int)(jl % PANEL_ROWS / NC);
+    } else {
+        for (int c = 0; c < NC; c++) /* lanes past je repeat the last row */
+            src.r[c] = (const uint8_t *)w->data +
+                       (size_t)(jl + c < je ? jl + c : je - 1) * w->row_bytes + at;
+    }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i cmask =
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(ct), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(je - jl)), lane),
+                         _mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int)(j - jl) - 1)));
+    for (int64_t g = 0; g < kn / fetch_k && use_panel; g++) {
+        if (packed)
+            fetch(type, 1, &src, g, panel + g * units_per_fetch(type));
+        else
+            fetch(type, 0, &src, g, panel + g * units_per_fetch(type));
+    }
+    /* A tile that reads the weights itself (decoding) fetches the next
+     * rows into L2 meanwhile, as avx512vnni does (see there): whole rows
+     * only (kn == k), where they lie one after another. In the panel16
+     * layout those are the next group, whose fetch g each half takes half
+     * of; in the file's, the next NC rows. */
+    prefetch pf = {.at = NULL};
+    const size_t fb = fetch_bytes(type);
+    const int64_t g0 = jl / PANEL_ROWS * PANEL_ROWS; /* the group's first row */
+    if (!use_panel && kn == w->k && packed && g0 + 2 * PANEL_ROWS <= j1 &&
+        g0 + 2 * PANEL_ROWS <= n_grouped)
+        pf = (prefetch){.at = (const uint8_t *)w->data + (size_t)(g0 + PANEL_ROWS) * w->row_bytes +
+                              (size_t)src.half * NC * fb,
+                        .step = PANEL_ROWS * fb,
+                        .len = NC * fb};
+    else if (!use_panel && kn == w->k && !packed && jl + 2 * NC <= j1)
+        pf = (prefetch){.at = (const uint8_t *)w->data + (size_t)(jl + NC) * w->row_bytes,
+                        .step = NC * fb,
+                        .len = NC * fb};
     for (int64_t i = i0; i < i1; i += RT_MAX) {
         const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-        tile_rt(type, rt, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
-                y + i * ldy + j, ldy, cmask, k0 == 0);
+        const int8_t *xqi = xq + (i - i0) * kn;
+        const nm_xblock *xmi = xm + (i - i0) * nb;
+        float *yi = y + i * ldy + jl;
+        const int first = k0 == 0;
+        if (use_panel)
+            tile_rt(type, rt, panel, 0, NULL, xqi, kn, xmi, nb, nb, yi, ldy, cmask, first, pf);
+        else if (packed)
+            tile_rt(type, rt, NULL, 1, &src, xqi, kn, xmi, nb, nb, yi, ldy, cmask, first, pf);
+        else
+            tile_rt(type, rt, NULL, 0, &src, xqi, kn, xmi, nb, nb, yi, ldy, cmask, first, pf);
     }
+    return je;
 }
 
 /* y = x w^T over [j0, j1); with w2 (same type, shape and layout as w),
@@ -396,9 +520,14 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
                             int64_t ldx, int64_t m, float *y, int64_t ldy, float *y2, int64_t ldy2,
                             int64_t j0, int64_t j1) {
     const int64_t k = w->k;
-    NM_ASSERT(k % (QB * units_per_fetch(type)) == 0 && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(k % (QB * units_per_fetch(type)) == 0);
     NM_ASSERT(!w2 || nm_matmul_fusable(w, w2));
-    const int64_t kc = k < KC ? k : KC; /* a multiple of every fetch */
+    /* rows in whole groups of the panel16 layout (0 in the file's) */
+    const int64_t n_grouped = w->layout == NM_LAYOUT_PANEL16 ? w->n / PANEL_ROWS * PANEL_ROWS : 0;
+    /* Several row tiles share a panel, unpacked once per row block; one
+     * tile (m <= RT_MAX) reads the weights as it goes. */
+    const int use_panel = m > RT_MAX;
+    const int64_t kc_max = use_panel ? KC : KC_DIRECT, kc = k < kc_max ? k : kc_max;
     const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(nm_xblock);
     int64_t rb = XBUF_BYTES / row_q_bytes;
     if (rb > RT_MAX) rb = rb / RT_MAX * RT_MAX;
@@ -412,18 +541,80 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
             nm_xblock *xm = (nm_xblock *)(xbuf + (i1 - i0) * kn);
             for (int64_t i = i0; i < i1; i++)
                 quantise_row(type, x + i * ldx + k0, kn, xq + (i - i0) * kn, xm + (i - i0) * nb);
-            for (int64_t j = j0; j < j1; j += NC) {
-                const int64_t je = j + NC < j1 ? j + NC : j1;
-                col_group(type, w, j, je, k0, kn, i0, i1, xq, xm, panel, y, ldy);
-                if (!w2) continue;
-                col_group(type, w2, j, je, k0, kn, i0, i1, xq, xm, panel, y2, ldy2);
-                if (k0 + kn == k)
-                    for (int64_t i = i0; i < i1; i++)
-                        nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j,
-                                          je - j);
+            for (int64_t j = j0; j < j1;) {
+                /* w's columns from j, then w2's, then their SwiGLU */
+                const nm_mat *mats[2] = {w, w2};
+                float *outs[2] = {y, y2};
+                const int64_t ld[2] = {ldy, ldy2};
+                int64_t je = j;
+                for (int mi = 0; mi < (w2 ? 2 : 1); mi++)
+                    je = col_group(type, mats[mi], n_grouped, j, j1, k0, kn, i0, i1, xq, xm,
+                                   use_panel, panel, outs[mi], ld[mi]);
+                if (w2 && k0 + kn == k) nm_swiglu_block(y, ldy, y2, ldy2, i0, i1, j, je);
+                j = je;
             }
         }
     }
+}
+
+/* The 8 vectors of the 32 bytes at r[c] + at of the NC rows into half h
+ * of the 8 vectors at dst. */
+static void put_vec8(const uint8_t *const *r, size_t at, int h, uint8_t *dst) {
+    __m256i v[8];
+    transpose32(r, at, v);
+    for (int t = 0; t < 8; t++)
+        _mm256_storeu_si256((__m256i *)(dst + 64 * t + 32 * h), v[t]);
+}
+
+/* Rows 8 h.. 8 h + 7 (r) of a group's fetch at byte at into the fetch pb
+ * of the panel16 layout: their codes; the scales are pk_put_scales's. */
+static void repack_half(uint32_t type, const uint8_t *const *r, size_t at, int h, uint8_t *pb) {
+    if (type == NM_DTYPE_Q8_0) { /* codes + 128 after 16 f16 d */
+        __m256i v[8];
+        transpose32(r, at + 2, v);
+        for (int t = 0; t < 8; t++)
+            _mm256_storeu_si256((__m256i *)(pb + 2 * PANEL_ROWS + 64 * t + 32 * h),
+                                _mm256_xor_si256(v[t], _mm256_set1_epi8((char)0x80)));
+    } else if (type == NM_DTYPE_Q4_0) { /* qs after 16 f16 d */
+        __m256i v[4];
+        transpose16(r, at + 2, v);
+        for (int t = 0; t < 4; t++)
+            _mm256_storeu_si256((__m256i *)(pb + 2 * PANEL_ROWS + 64 * t + 32 * h), v[t]);
+    } else {
+        for (int p = 0; p < 4; p++)
+            put_vec8(r, at + kq_codes_at(type, p), h, pb + pk_codes_at(type, p));
+        const int n_high = type == NM_DTYPE_Q6_K ? 4 : type == NM_DTYPE_Q5_K ? 1 : 0;
+        for (int p = 0; p < n_high; p += 2)
+            put_vec8(r, at + kq_high_at(type, p), h, pb + pk_high_at(type, p));
+    }
+}
+
+void nm_avx2_repack(const nm_mat *w, void *dst) {
+    const uint32_t type = w->type;
+    NM_ASSERT(nm_matmul_avx2_quantises(type) && w->layout == NM_LAYOUT_ROWS);
+    NM_ASSERT(w->k % (QB * units_per_fetch(type)) == 0);
+    const size_t fb = fetch_bytes(type);
+    const int64_t n_fetch = w->k / (QB * units_per_fetch(type));
+    const int64_t n_grouped = w->n / PANEL_ROWS * PANEL_ROWS;
+    for (int64_t j = 0; j < n_grouped; j += PANEL_ROWS) {
+        const uint8_t *rows = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
+        uint8_t *out = (uint8_t *)dst + (size_t)j * w->row_bytes;
+        for (int64_t f = 0; f < n_fetch; f++) {
+            const size_t at = (size_t)f * fb;
+            uint8_t *pb = out + PANEL_ROWS * at;
+            for (int c = 0; c < PANEL_ROWS; c++)
+                pk_put_scales(type, rows + (size_t)c * w->row_bytes + at, c, pb);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *r[NC];
+                for (int c = 0; c < NC; c++)
+                    r[c] = rows + (size_t)(NC * h + c) * w->row_bytes;
+                repack_half(type, r, at, h, pb);
+            }
+        }
+    }
+    memcpy((uint8_t *)dst + (size_t)n_grouped * w->row_bytes,
+           (const uint8_t *)w->data + (size_t)n_grouped * w->row_bytes,
+           (size_t)(w->n - n_grouped) * w->row_bytes);
 }
 
 bool nm_matmul_avx2_quantises(uint32_t type) {
@@ -466,8 +657,7 @@ void nm_matmul_swiglu_avx2_forward(const nm_mat *wg, const nm_mat *wu, const flo
                                    int64_t j0, int64_t j1) {
     NM_ASSERT(j0 >= 0 && j0 <= j1 && j1 <= wg->n);
     if (m <= 0 || j0 == j1) return;
-    if (nm_matmul_avx2_quantises(wg->type) && nm_matmul_fusable(wg, wu) &&
-        wg->layout == NM_LAYOUT_ROWS) {
+    if (nm_matmul_avx2_quantises(wg->type) && nm_matmul_fusable(wg, wu)) {
         matmul_any(wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
         return;
     }

@@ -276,10 +276,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
                 if (w2) {
                     col_group(type, w2, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, use_panel, panel,
                               y2, ldy2);
-                    if (k0 + kn == k)
-                        for (int64_t i = i0; i < i1; i++)
-                            nm_swiglu_forward(y + i * ldy + j, y2 + i * ldy2 + j, y + i * ldy + j,
-                                              je - j);
+                    if (k0 + kn == k) nm_swiglu_block(y, ldy, y2, ldy2, i0, i1, j, je);
                 }
                 j = je;
             }
@@ -291,11 +288,11 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
  * panel16 layout. */
 static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off, size_t at,
                          uint8_t *pb) {
+    for (int c = 0; c < NC; c++)
+        pk_put_scales(type, rows + off[c] + at, c, pb);
     __m512i v[8];
-    if (type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_MXFP4) {
+    if (is_block32(type)) {
         const size_t scale_bytes = type == NM_DTYPE_MXFP4 ? 1 : 2; /* E8M0 or f16 */
-        for (int c = 0; c < NC; c++)
-            memcpy(pb + scale_bytes * c, rows + off[c] + at, scale_bytes);
         const int n_vec = type == NM_DTYPE_Q8_0 ? 8 : 4;
         if (type == NM_DTYPE_Q8_0)
             q8_0_codes(rows, off, at, v);
@@ -315,17 +312,6 @@ static void repack_fetch(uint32_t type, const uint8_t *rows, const int32_t *off,
         transpose32(rows, off, at + kq_high_at(type, p), v);
         for (int t = 0; t < 8; t++)
             _mm512_storeu_si512(pb + pk_high_at(type, p) + 64 * t, v[t]);
-    }
-    for (int c = 0; c < NC; c++) {
-        const uint8_t *r = rows + off[c] + at;
-        if (type == NM_DTYPE_Q6_K) {
-            for (int u = 0; u < 8; u++)
-                memcpy(pb + 2 * NC * u + 2 * c, r + 192 + 2 * u, 2);
-            memcpy(pb + PK_Q6_D + 2 * c, r + NM_Q6_K_BYTES - 2, 2);
-        } else {
-            for (int i = 0; i < 4; i++)
-                memcpy(pb + 64 * i + 4 * c, r + 4 * i, 4);
-        }
     }
 }
 

@@ -9,6 +9,7 @@
 #define NM_KERNELS_X86_VNNI_BLOCKS_H
 
 #include "kernels/kernels-impl.h"
+#include "panel16.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
@@ -20,10 +21,11 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* QB: elements per activation block; NC: outputs per panel (one per lane);
- * MX_OFFSET: added to MXFP4's values (-12..12, nm_mxfp4_values) to make
- * them the unsigned bytes vpdpbusd reads. */
-enum { QB = 32, NC = 16, MX_OFFSET = 12 };
+/* QB: elements per activation block; NC: outputs per panel (one per lane,
+ * a group of the panel16 layout); MX_OFFSET: added to MXFP4's values
+ * (-12..12, nm_mxfp4_values) to make them the unsigned bytes vpdpbusd
+ * reads. */
+enum { QB = PANEL_UNIT, NC = PANEL_ROWS, MX_OFFSET = 12 };
 
 /* One unit of NC weight rows as vpdpbusd reads them: q[t] lane c holds
  * codes 4t..4t+3 of row c (unsigned); s lane c its scale (dw; dk * sc for
@@ -151,9 +153,8 @@ ALWAYS_INLINE void load8(const uint8_t *p, __m512i *v) {
 }
 
 /* ---- Q8_0, Q4_0 and MXFP4: one block of 32 per fetch. In the panel16
- * layout a block of the NC rows is their NC scales (Q8_0, Q4_0: f16 d,
- * MXFP4: the E8M0 bytes), then the eight vectors of q8_0_codes (Q8_0:
- * codes + 128) or the four of block_nibbles (Q4_0, MXFP4) ---- */
+ * layout (panel16.h) a block of the NC rows is their NC scales, then the
+ * eight vectors of q8_0_codes or the four of block_nibbles ---- */
 
 /* The codes of the Q8_0 blocks at byte at of the NC rows, + 128 (as
  * unsigned bytes), transposed: q[t] lane c holds codes 4t..4t+3 of row c. */
@@ -277,72 +278,7 @@ ALWAYS_INLINE void k4_scales(__m512i dd, __m512i a0, __m512i a1, __m512i a2, __m
     }
 }
 
-/* ---- K-quants: a super-block's unit scales first, then its codes in four
- * parts of two units each, so that one row's tile can use each part's codes
- * from registers ---- */
-
-ALWAYS_INLINE size_t kq_bytes(uint32_t type) {
-    return type == NM_DTYPE_Q4_K   ? NM_Q4_K_BYTES
-           : type == NM_DTYPE_Q5_K ? NM_Q5_K_BYTES
-                                   : NM_Q6_K_BYTES;
-}
-
-/* Unit i (0, 1) of part p: Q4_K/Q5_K sub-blocks 2p, 2p + 1 (one 32-byte
- * read gives both); Q6_K, half p / 2, units j and j + 2 with j = p % 2
- * (they share their ql bytes). */
-ALWAYS_INLINE int kq_unit(uint32_t type, int p, int i) {
-    return type == NM_DTYPE_Q6_K ? 4 * (p / 2) + p % 2 + 2 * i : 2 * p + i;
-}
-
-/* In a super-block of the file: the 32 code bytes of part p (Q4_K/Q5_K
- * qs[32p..]; Q6_K ql[64 (p / 2) + 32 (p % 2)..]) and the 32 high-bit bytes
- * of part p (Q5_K qh, the same for every part; Q6_K qh[32 (p / 2)..]). */
-ALWAYS_INLINE size_t kq_codes_at(uint32_t type, int p) {
-    if (type == NM_DTYPE_Q6_K) return 64 * (size_t)(p / 2) + 32 * (size_t)(p % 2);
-    return 4 + NM_K_SCALES_BYTES + (type == NM_DTYPE_Q5_K ? NM_QK_K / 8 : 0) + 32 * (size_t)p;
-}
-ALWAYS_INLINE size_t kq_high_at(uint32_t type, int p) {
-    return type == NM_DTYPE_Q6_K ? NM_QK_K / 2 + 32 * (size_t)(p / 2) : 4 + NM_K_SCALES_BYTES;
-}
-
-/* ---- the panel16 layout (nm_mat_repack) ----
- * Rows in groups of NC; a group holds its fetches (blocks, super-blocks)
- * one after another, each as NC * fetch_bytes bytes that are what the
- * registers get from the NC rows of the file, in the order a tile reads
- * them (the hardware prefetchers follow one ascending stream far better
- * than jumps). Q8_0, Q4_0 and MXFP4: see fetch_block. K-quants:
- *   the scales: Q4_K/Q5_K 4 vectors of NC words, bytes 0-3, 4-7, 8-11,
- *     12-15 of each row's super-block (d and dmin, the 12 scale bytes);
- *     Q6_K per unit u the scales sc[2u], sc[2u + 1] of each row (NC pairs
- *     of bytes), then the NC f16 d;
- *   Q5_K: qh transposed (8 vectors);
- *   the codes of parts 0..3, each as the 8 vectors transpose32 gives of its
- *   code bytes (kq_codes_at); Q6_K: qh[32h..] transposed before the first
- *   part of half h that uses it.
- * The same size as the file's rows (NC * 34, 18, 17, 144, 176 or 210 bytes
- * per fetch); the rows after the last whole group keep the file's layout. */
-/* bytes of 8 vectors; of the Q4_K/Q5_K scales; where Q6_K's d start, and
- * its scales end */
-enum {
-    PK_VEC8 = 8 * 64,
-    PK_K4_SCALES = 4 * 64,
-    PK_Q6_D = 8 * 2 * NC,
-    PK_Q6_SCALES = PK_Q6_D + 2 * NC
-};
-
-ALWAYS_INLINE size_t pk_codes_at(uint32_t type, int p) {
-    switch (type) {
-    case NM_DTYPE_Q4_K:
-        return PK_K4_SCALES + PK_VEC8 * (size_t)p;
-    case NM_DTYPE_Q5_K:
-        return PK_K4_SCALES + PK_VEC8 * (size_t)(1 + p);
-    default: /* Q6_K: qh0, parts 0 and 1, qh1, parts 2 and 3 */
-        return PK_Q6_SCALES + PK_VEC8 * (size_t)(p + 1 + p / 2);
-    }
-}
-ALWAYS_INLINE size_t pk_high_at(uint32_t type, int p) {
-    return type == NM_DTYPE_Q6_K ? PK_Q6_SCALES + PK_VEC8 * (size_t)(3 * (p / 2)) : PK_K4_SCALES;
-}
+/* ---- K-quants: their units and parts as panel16.h gives them ---- */
 
 /* The scales of super-block sb's eight units into o[u].s and o[u].aux;
  * for Q5_K also its qh bytes transposed into h[8]. packed: from src->pk. */
@@ -464,28 +400,6 @@ ALWAYS_INLINE void fetch_kq(uint32_t type, int packed, const wsrc *src, int64_t 
         kq_codes(type, packed, src, sb, p, h, o[kq_unit(type, p, 0)].q, o[kq_unit(type, p, 1)].q);
 }
 
-/* Whether one fetch is one block of 32 (not a K-quant super-block). */
-ALWAYS_INLINE int is_block32(uint32_t type) {
-    return type == NM_DTYPE_Q8_0 || type == NM_DTYPE_Q4_0 || type == NM_DTYPE_MXFP4;
-}
-
-/* Units of 32 weights one fetch gives: a block, or a K-quant super-block. */
-ALWAYS_INLINE int units_per_fetch(uint32_t type) { return is_block32(type) ? 1 : NM_QK_K / QB; }
-
-/* Bytes of one row that one fetch reads. */
-ALWAYS_INLINE size_t fetch_bytes(uint32_t type) {
-    switch (type) {
-    case NM_DTYPE_Q8_0:
-        return NM_Q8_0_BYTES;
-    case NM_DTYPE_Q4_0:
-        return NM_Q4_0_BYTES;
-    case NM_DTYPE_MXFP4:
-        return NM_MXFP4_BYTES;
-    default:
-        return kq_bytes(type);
-    }
-}
-
 /* Fetch g (block or super-block) of the NC rows into o[units_per_fetch]. */
 ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, wpanel_block *o) {
     if (is_block32(type))
@@ -494,10 +408,6 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
         fetch_kq(type, packed, src, g, o);
 }
 
-/* The NC weight rows of a panel from output row j on, for the slice of K
- * from k0: lane c is row jl + c; a whole group of the panel16 layout (rows
- * below n_grouped), of which [j, je) are wanted, or the file's rows [j, je)
- * (je <= j1); cmask: the wanted lanes; wj: row jl in w. */
 /* CALL(T) for the quantised type `type` with T a constant, so that an
  * always-inline kernel is specialised per type; other types assert. */
 #define NM_VNNI_FOR_EACH_QTYPE(type, CALL)                                                         \
@@ -526,6 +436,10 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
         }                                                                                          \
     } while (0)
 
+/* The NC weight rows of a panel from output row j on, for the slice of K
+ * from k0: lane c is row jl + c; a whole group of the panel16 layout (rows
+ * below n_grouped), of which [j, je) are wanted, or the file's rows [j, je)
+ * (je <= j1); cmask: the wanted lanes; wj: row jl in w. */
 typedef struct wrows {
     int64_t jl, je;
     __mmask16 cmask;
