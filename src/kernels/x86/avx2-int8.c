@@ -353,11 +353,13 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
             if (type == NM_DTYPE_Q8_0) xv = _mm256_sign_epi8(xv, w);
             const __m256i p = _mm256_maddubs_epi16(aw, xv);
             s16[r] = t % group == 0 ? p : _mm256_add_epi16(s16[r], p);
-            /* in this order: gcc otherwise moves every product ahead of
-             * the sums and spills them (16 registers) */
+            /* the sums in this order: gcc otherwise moves every product
+             * ahead of them and spills them (16 registers) */
             __asm__("" : "+x"(s16[r]));
-            if (t % group == group - 1)
+            if (t % group == group - 1) {
                 s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
+                __asm__("" : "+x"(s32[r]));
+            }
         }
         if (type == NM_DTYPE_Q6_K && t == 3)
             for (int r = 0; r < rt; r++) {
