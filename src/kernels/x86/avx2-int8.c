@@ -329,10 +329,10 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
 
 /* ---- the register tile: rt activation rows x NC outputs ---- */
 
-/* acc[r] += one unit of weights (wb) times the activation block of row r
- * (codes xr + r * ldq, block xb[r * ldm]), in avx512vnni's float order. */
-ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8_t *xr, int64_t ldq,
-                             const nm_xblock *xb, int64_t ldm, __m256 *acc) {
+/* acc[r] += one unit of weights (wb) times activation block b of row r
+ * (codes xrow[r] + QB * b, block mrow[r][b]), in avx512vnni's float order. */
+ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8_t *const *xrow,
+                             const nm_xblock *const *mrow, int64_t b, __m256 *acc) {
     /* products summed in int16 before widening (the bounds at the top) */
     const int group = type == NM_DTYPE_Q8_0   ? 1
                       : type == NM_DTYPE_Q6_K ? 2
@@ -348,7 +348,7 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
         const __m256i aw = type == NM_DTYPE_Q8_0 ? _mm256_abs_epi8(w) : w;
         for (int r = 0; r < rt; r++) {
             int32_t x4;
-            memcpy(&x4, xr + r * ldq + 4 * t, 4);
+            memcpy(&x4, xrow[r] + QB * b + 4 * t, 4);
             __m256i xv = _mm256_set1_epi32(x4);
             if (type == NM_DTYPE_Q8_0) xv = _mm256_sign_epi8(xv, w);
             const __m256i p = _mm256_maddubs_epi16(aw, xv);
@@ -368,7 +368,7 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
             }
     }
     for (int r = 0; r < rt; r++) {
-        const nm_xblock *m = &xb[r * ldm];
+        const nm_xblock *m = &mrow[r][b];
         __m256i dot;
         if (type == NM_DTYPE_Q6_K) {
             const __m256i s1 = _mm256_srai_epi32(_mm256_slli_epi32(wb->aux, 16), 16);
@@ -376,8 +376,10 @@ ALWAYS_INLINE void unit_rows(uint32_t type, int rt, const wblock *wb, const int8
             dot = _mm256_add_epi32(
                 _mm256_mullo_epi32(_mm256_add_epi32(first_half[r], _mm256_set1_epi32(m->c)), s1),
                 _mm256_mullo_epi32(_mm256_add_epi32(s32[r], _mm256_set1_epi32(m->c2)), s2));
-        } else {
+        } else if (type == NM_DTYPE_Q4_0) {
             dot = _mm256_add_epi32(s32[r], _mm256_set1_epi32(m->c));
+        } else { /* Q8_0's codes are signed, the K-quants' mins come after */
+            dot = s32[r];
         }
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
                                  _mm256_mul_ps(wb->s, _mm256_set1_ps(m->d)), acc[r]);
@@ -404,8 +406,15 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, int packed, 
     enum { G_MAX = NM_QK_K / QB };
     const int g_units = units_per_fetch(type);
     __m256 acc[RT_MAX];
-    for (int r = 0; r < rt; r++)
+    /* the rows' codes and blocks, one pointer each (with ldq in the
+     * addresses gcc keeps every row-and-t offset apart and reloads them) */
+    const int8_t *xrow[RT_MAX];
+    const nm_xblock *mrow[RT_MAX];
+    for (int r = 0; r < rt; r++) {
         acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, cmask);
+        xrow[r] = xq + r * ldq;
+        mrow[r] = xm + r * ldm;
+    }
     for (int64_t g = 0; g < nb / g_units; g++) {
         if (pf.at)
             for (size_t o = (size_t)g * pf.step; o < (size_t)g * pf.step + pf.len; o += 64)
@@ -416,7 +425,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, int packed, 
         for (int ui = 0; ui < g_units; ui++) {
             const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
             const int64_t b = g * g_units + u;
-            unit_rows(type, rt, wb + u, xq + QB * b, ldq, xm + b, ldm, acc);
+            unit_rows(type, rt, wb + u, xrow, mrow, b, acc);
         }
     }
     for (int r = 0; r < rt; r++)
