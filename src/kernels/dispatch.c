@@ -215,11 +215,18 @@ bool nm_kernels_check_env(const char **bad) {
 
 bool nm_mat_repack_wanted(const nm_mat *w) {
 #if defined(__x86_64__)
-    const nm_kernels_isa isa = nm_kernels_active();
-    const bool reads = isa == NM_KERNELS_AVX2 ? nm_matmul_avx2_quantises(w->type)
-                       : isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX
-                           ? nm_kernels_is_panel16_type(w->type)
-                           : false;
+    bool reads; /* whether the variant in use reads this type in the layout */
+    switch (nm_kernels_active()) {
+    case NM_KERNELS_AVX2:
+        reads = nm_matmul_avx2_quantises(w->type);
+        break;
+    case NM_KERNELS_AVX512VNNI:
+    case NM_KERNELS_AMX:
+        reads = nm_kernels_is_panel16_type(w->type);
+        break;
+    default:
+        reads = false;
+    }
     return reads && w->layout == NM_LAYOUT_ROWS && w->n >= 16;
 #else
     (void)w;
@@ -249,10 +256,8 @@ static nm_kernels_isa panel16_reader(nm_kernels_isa isa, uint32_t type) {
 #if defined(__x86_64__)
     if (isa == NM_KERNELS_AMX || isa == NM_KERNELS_AVX512VNNI) return isa;
     if (isa == NM_KERNELS_AVX2 && nm_matmul_avx2_quantises(type)) return isa;
-    static atomic_int vnni = -1; /* whether the CPU runs avx512vnni, once asked */
-    if (atomic_load(&vnni) < 0)
-        atomic_store(&vnni, nm_kernels_isa_supported(NM_KERNELS_AVX512VNNI) ? 1 : 0);
-    return atomic_load(&vnni) ? NM_KERNELS_AVX512VNNI : NM_KERNELS_AVX2;
+    return nm_kernels_isa_supported(NM_KERNELS_AVX512VNNI) ? NM_KERNELS_AVX512VNNI
+                                                           : NM_KERNELS_AVX2;
 #else
     (void)type;
     return isa;

@@ -224,8 +224,9 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
     case NM_DTYPE_Q8_0: /* the layout's codes are + 128: flipped back */
         o->s = packed ? pk_f16(pb, h) : f16_lanes(src->r, at);
         vec8(src, packed, at, 2, 2 * PANEL_ROWS, o->q);
-        for (int t = 0; t < 8 && packed; t++)
-            o->q[t] = _mm256_xor_si256(o->q[t], _mm256_set1_epi8((char)0x80));
+        if (packed)
+            for (int t = 0; t < 8; t++)
+                o->q[t] = _mm256_xor_si256(o->q[t], _mm256_set1_epi8((char)0x80));
         return;
     case NM_DTYPE_Q4_0: /* element l: low nibble of qs[l], l + 16: its high one */
         if (packed) {
@@ -247,9 +248,11 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
          * for 2p + 1; Q5_K adds 16 where bit j of qh[l] is set (element l
          * of sub-block j) */
         __m256i hd[4], hb[8];
-        for (int i = 0; i < 4 && packed; i++)
-            hd[i] = pk_vec(pb + 64 * i, h);
-        if (!packed) transpose16(src->r, at, hd);
+        if (packed)
+            for (int i = 0; i < 4; i++)
+                hd[i] = pk_vec(pb + 64 * i, h);
+        else
+            transpose16(src->r, at, hd);
         k4_scales(hd, o);
         if (type == NM_DTYPE_Q5_K)
             vec8(src, packed, at, kq_high_at(type, 0), pk_high_at(type, 0), hb);
