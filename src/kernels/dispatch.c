@@ -324,6 +324,16 @@ void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x
     nm_matmul_swiglu_by(nm_matmul_forward, wg, wu, x, ldx, m, h, ldh, u, ldu, j0, j1);
 }
 
+void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n) {
+#if defined(__x86_64__)
+    if (nm_kernels_active() >= NM_KERNELS_AVX2) {
+        nm_swiglu_avx2_forward(g, u, h, n);
+        return;
+    }
+#endif
+    nm_swiglu_ref_forward(g, u, h, n);
+}
+
 /* Whether the blocked attention (x86/attention.c) runs: under avx2 and
  * every AVX-512 variant, for the head sizes its stack scratch holds. */
 static bool blocked_attention(int head_dim) {

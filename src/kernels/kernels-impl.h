@@ -138,6 +138,30 @@ static inline bool nm_matmul_fusable(const nm_mat *wg, const nm_mat *wu) {
 
 void nm_matmul_ref_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
                            int64_t ldy, int64_t j0, int64_t j1);
+
+/* e^x of nm_swiglu_forward, rounded to float from double arithmetic with
+ * no fused multiply-adds, so that the scalar code (ref/ref.c) and the
+ * vectors (x86/swiglu.c) give the same bits: x clamped to [-NM_EXP_CLAMP,
+ * NM_EXP_CLAMP] (beyond it the float result is 0 or infinity anyway);
+ * z = x log2(e); n = z rounded to the nearest integer, ties to even (adding
+ * and subtracting NM_EXP_SHIFT); 2^(z - n) by its Taylor polynomial of degree
+ * 10 in Horner's form, a multiply then an add per step (truncation below
+ * 2^-42 relative); times 2^n, whose exponent field is the low bits of
+ * z + NM_EXP_SHIFT plus 1023; then rounded to float (so correctly rounded
+ * but where e^x lies within about 2^-20 ulp of a tie). NaN gives NaN. */
+#define NM_EXP_CLAMP 200.0
+#define NM_EXP_SHIFT 0x1.8p52
+#define NM_EXP_LOG2E 0x1.71547652b82fep+0
+/* (ln 2)^i / i!, i = 10 down to 0 */
+static const double nm_exp_poly[11] = {
+    0x1.e4cf5158b8ecap-28, 0x1.b5253d395e7c4p-24, 0x1.62c0223a5c824p-20, 0x1.ffcbfc588b0c7p-17,
+    0x1.430912f86c787p-13, 0x1.5d87fe78a6731p-10, 0x1.3b2ab6fba4e77p-7,  0x1.c6b08d704a0c0p-5,
+    0x1.ebfbdff82c58fp-3,  0x1.62e42fefa39efp-1,  0x1.0000000000000p+0};
+/* nm_swiglu_forward: the plain C one, and x86/swiglu.c's (AVX2, the same
+ * bits), which it runs under avx2 and every AVX-512 variant */
+void nm_swiglu_ref_forward(const float *g, const float *u, float *h, int64_t n);
+void nm_swiglu_avx2_forward(const float *g, const float *u, float *h, int64_t n);
+
 void nm_attention_ref_forward(const float *q, const float *k_cache, const float *v_cache,
                               int64_t kv_stride, int32_t n_kv, int n_head, int n_head_kv,
                               int head_dim, float scale, const float *sinks, float *out,

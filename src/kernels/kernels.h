@@ -284,7 +284,9 @@ void nm_softmax_forward(float *x, int64_t n);
  * nm_softmax_forward, bit for bit. */
 void nm_softmax_sink_forward(float *x, int64_t n, float sink);
 
-/* h[i] = silu(g[i]) * u[i] for i < n. h may alias g. */
+/* h[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i] for i < n, with
+ * e^x computed in double and rounded to float (kernels-impl.h): the same
+ * bits under every kernel variant. h may alias g. */
 void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n);
 /* NM_GLU_SWIGLU_OAI of g and u into h as ggml's swiglu_oai. h may alias g. */
 void nm_swiglu_oai_forward(const float *g, const float *u, float *h, int64_t n, float alpha,

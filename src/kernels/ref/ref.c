@@ -195,9 +195,32 @@ void nm_softmax_sink_forward(float *x, int64_t n, float sink) {
         x[i] *= inv;
 }
 
-void nm_swiglu_forward(const float *g, const float *u, float *h, int64_t n) {
+/* e^x as kernels-impl.h describes it; one operation per statement, so that
+ * no compiler fuses a multiply and an add */
+static float exp_ref(float x) {
+    if (isnan(x)) return x;
+    double xd = x;
+    xd = xd < -NM_EXP_CLAMP ? -NM_EXP_CLAMP : xd > NM_EXP_CLAMP ? NM_EXP_CLAMP : xd;
+    const double z = xd * NM_EXP_LOG2E;
+    const double shifted = z + NM_EXP_SHIFT;
+    const double kd = shifted - NM_EXP_SHIFT;
+    const double f = z - kd;
+    double p = nm_exp_poly[0];
+    for (int i = 1; i < 11; i++) {
+        p = p * f;
+        p = p + nm_exp_poly[i];
+    }
+    uint64_t bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    bits = (bits + 1023) << 52;
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return (float)(p * scale);
+}
+
+void nm_swiglu_ref_forward(const float *g, const float *u, float *h, int64_t n) {
     for (int64_t i = 0; i < n; i++)
-        h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        h[i] = g[i] / (1.0f + exp_ref(-g[i])) * u[i];
 }
 
 void nm_swiglu_oai_forward(const float *g, const float *u, float *h, int64_t n, float alpha,
