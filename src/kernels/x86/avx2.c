@@ -1,7 +1,8 @@
-/* AVX2 kernels: the matmul of avx512.c on 8-lane vectors (up to 2
- * activation rows x 4 weight rows per tile, 16 registers), weights widened to
- * float in registers; quantised weights (Q4_0, K-quants) are widened with the
- * scalar nm_dequantize_row. Compiled with -mavx2 -mfma -mf16c; only called
+/* AVX2 kernels: the matmul of avx512.c on 8-lane vectors (tiles of up to 2
+ * activation rows x 4 weight rows for one or two rows, 6 x 2 for more; 16
+ * registers), weights widened to float in registers; quantised weights
+ * (MXFP4 here; avx2-int8.c takes Q8_0, Q4_0 and the K-quants) are widened
+ * with the scalar nm_dequantize_row. Compiled with -mavx2 -mfma -mf16c; only called
  * when CPUID reports them. Attention is the blocked kernel
  * of attention.c, shared with the AVX-512 variants. */
 #if defined(__x86_64__)
@@ -15,7 +16,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-enum { RT_MAX = 2, CT_MAX = 4, L2_ROW_BLOCK_BYTES = 512 * 1024 };
+enum { RT_MAX = 6, CT_MAX = 4, L2_ROW_BLOCK_BYTES = 512 * 1024 };
 /* Quantised rows are widened QCHUNK elements at a time (whole blocks of
  * every quantised type), or whole into a panel of CT_MAX rows when it holds
  * PANEL_ELEMS floats at most. */
@@ -71,24 +72,43 @@ ALWAYS_INLINE float hsum8(__m256 v) {
 }
 
 /* y[r][c] = x[r] . w[c]: one 8-lane FMA accumulator per output, the same
- * operations for every tile shape. */
+ * operations for every tile shape. Per step of 8 elements the ct weight
+ * vectors are widened once, then each activation row is loaded once into a
+ * register for its ct FMAs (6 x 2: 12 accumulators, 2 weights, 1 row). */
+/* One step of tile(): elements [kk, kk + n_left) of every row and column. */
+ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
+                             const uint8_t *w, size_t row_bytes, int64_t kk, int n_left,
+                             __m256 acc[RT_MAX][CT_MAX]) {
+    __m256 wv[CT_MAX];
+#pragma GCC unroll 4
+    for (int c = 0; c < ct; c++)
+        wv[c] = load_w8(type, w + (size_t)c * row_bytes, kk, n_left);
+#pragma GCC unroll 6
+    for (int r = 0; r < rt; r++) {
+        __m256 xv = load_x8(x + r * ldx + kk, n_left);
+        /* in a register: gcc would otherwise fold the load into each of the
+         * ct FMAs, ct loads of it (the loop is then load-bound) */
+        __asm__("" : "+x"(xv));
+#pragma GCC unroll 4
+        for (int c = 0; c < ct; c++)
+            acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+}
+
+/* y[r][c] = x[r] . w[c]: one 8-lane FMA accumulator per output, the same
+ * operations for every tile shape. Per step of 8 elements the ct weight
+ * vectors are widened once, then each activation row is loaded once into a
+ * register for its ct FMAs (6 x 2: 12 accumulators, 2 weights, 1 row). */
 ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
                         const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
     __m256 acc[RT_MAX][CT_MAX];
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
             acc[r][c] = _mm256_setzero_ps();
-    for (int64_t kk = 0; kk < k; kk += 8) {
-        const int n_left = k - kk < 8 ? (int)(k - kk) : 8;
-        __m256 xv[RT_MAX];
-        for (int r = 0; r < rt; r++)
-            xv[r] = load_x8(x + r * ldx + kk, n_left);
-        for (int c = 0; c < ct; c++) {
-            const __m256 wv = load_w8(type, w + (size_t)c * row_bytes, kk, n_left);
-            for (int r = 0; r < rt; r++)
-                acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
-        }
-    }
+    int64_t kk = 0;
+    for (; kk + 8 <= k; kk += 8)
+        tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, 8, acc);
+    if (kk < k) tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, (int)(k - kk), acc);
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
             y[r * ldy + c] = hsum8(acc[r][c]);
@@ -111,13 +131,17 @@ ALWAYS_INLINE void qtile(uint32_t type, int rt, int ct, const float *x, int64_t 
             nm_dequantize_row((nm_dtype)type,
                               w + (size_t)c * row_bytes + (size_t)(k0 / QCHUNK) * cb, wb[c], nk);
         for (int64_t kk = 0; kk < nk; kk += 8) {
-            __m256 xv[RT_MAX];
-            for (int r = 0; r < rt; r++)
-                xv[r] = _mm256_loadu_ps(x + r * ldx + k0 + kk);
-            for (int c = 0; c < ct; c++) {
-                const __m256 wv = _mm256_loadu_ps(wb[c] + kk);
-                for (int r = 0; r < rt; r++)
-                    acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+            __m256 wv[CT_MAX];
+#pragma GCC unroll 4
+            for (int c = 0; c < ct; c++)
+                wv[c] = _mm256_loadu_ps(wb[c] + kk);
+#pragma GCC unroll 6
+            for (int r = 0; r < rt; r++) {
+                __m256 xv = _mm256_loadu_ps(x + r * ldx + k0 + kk);
+                __asm__("" : "+x"(xv)); /* as in tile_step */
+#pragma GCC unroll 4
+                for (int c = 0; c < ct; c++)
+                    acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
             }
         }
     }
@@ -134,62 +158,99 @@ ALWAYS_INLINE void tile_any(uint32_t type, int rt, int ct, const float *x, int64
         tile(type, rt, ct, x, ldx, w, row_bytes, k, y, ldy);
 }
 
-ALWAYS_INLINE void tile_rows(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
-                             const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
-    if (ct == CT_MAX) {
+/* A tile of rt rows (1 to 6) by ct columns: the two shapes the matmul uses
+ * (2 x 4 for one or two rows, 6 x 2 for more), a narrower tile one column
+ * at a time. Each shape is compiled for constant sizes. */
+ALWAYS_INLINE void tile_rows(uint32_t type, int rt, int ct, int ct_max, const float *x,
+                             int64_t ldx, const uint8_t *w, size_t row_bytes, int64_t k, float *y,
+                             int64_t ldy) {
+#define TILE(R, C, WO, YO) tile_any(type, R, C, x, ldx, w + (WO), row_bytes, k, y + (YO), ldy)
+    if (ct == ct_max && ct_max == 4) {
         if (rt == 2)
-            tile_any(type, 2, CT_MAX, x, ldx, w, row_bytes, k, y, ldy);
+            TILE(2, 4, 0, 0);
         else
-            tile_any(type, 1, CT_MAX, x, ldx, w, row_bytes, k, y, ldy);
+            TILE(1, 4, 0, 0);
         return;
     }
+    if (ct == ct_max && ct_max == 2) {
+        switch (rt) {
+        case 1: TILE(1, 2, 0, 0); return;
+        case 2: TILE(2, 2, 0, 0); return;
+        case 3: TILE(3, 2, 0, 0); return;
+        case 4: TILE(4, 2, 0, 0); return;
+        case 5: TILE(5, 2, 0, 0); return;
+        default: TILE(6, 2, 0, 0); return;
+        }
+    }
     for (int c = 0; c < ct; c++) {
-        if (rt == 2)
-            tile_any(type, 2, 1, x, ldx, w + (size_t)c * row_bytes, row_bytes, k, y + c, ldy);
-        else
-            tile_any(type, 1, 1, x, ldx, w + (size_t)c * row_bytes, row_bytes, k, y + c, ldy);
+        switch (rt) {
+        case 1: TILE(1, 1, (size_t)c * row_bytes, c); break;
+        case 2: TILE(2, 1, (size_t)c * row_bytes, c); break;
+        case 3: TILE(3, 1, (size_t)c * row_bytes, c); break;
+        case 4: TILE(4, 1, (size_t)c * row_bytes, c); break;
+        case 5: TILE(5, 1, (size_t)c * row_bytes, c); break;
+        default: TILE(6, 1, (size_t)c * row_bytes, c); break;
+        }
+    }
+#undef TILE
+}
+
+/* Rows [i0, i1) of y against weight rows [j, j + ct), in tiles of at most
+ * rt_max rows whose heights differ by at most one (a short tile costs
+ * nearly what a full one does). */
+ALWAYS_INLINE void row_tiles(uint32_t type, int rt_max, int ct, int ct_max, const float *x,
+                             int64_t ldx, int64_t i0, int64_t i1, const uint8_t *w,
+                             size_t row_bytes, int64_t k, float *y, int64_t ldy, int64_t j) {
+    const int64_t n_tiles = (i1 - i0 + rt_max - 1) / rt_max;
+    for (int64_t t = 0; t < n_tiles; t++) {
+        const int64_t i = i0 + t * (i1 - i0) / n_tiles;
+        const int rt = (int)(i0 + (t + 1) * (i1 - i0) / n_tiles - i);
+        tile_rows(type, rt, ct, ct_max, x + i * ldx, ldx, w, row_bytes, k, y + i * ldy + j, ldy);
     }
 }
 
-ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, int64_t ldx,
-                               int64_t m, float *y, int64_t ldy, int64_t j0, int64_t j1) {
+/* The matmul in tiles of at most rt_max x ct_max. */
+ALWAYS_INLINE void matmul_shape(uint32_t type, int rt_max, int ct_max, const nm_mat *w,
+                                const float *x, int64_t ldx, int64_t m, float *y, int64_t ldy,
+                                int64_t j0, int64_t j1) {
     const int64_t k = w->k;
-    int64_t rb = L2_ROW_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / RT_MAX * RT_MAX;
-    if (rb < RT_MAX) rb = RT_MAX;
+    int64_t rb = L2_ROW_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / rt_max * rt_max;
+    if (rb < rt_max) rb = rt_max;
     const uint8_t *base = w->data;
-    /* Quantised weights with more than one row tile: a panel of CT_MAX rows
+    /* Quantised weights with more than one row tile: a panel of ct_max rows
      * is dequantised once (at most 64 KiB on the stack) and read as F32 by
      * every row tile. */
-    if (nm_kernels_is_block_quant(type) && m > RT_MAX && k * CT_MAX <= PANEL_ELEMS) {
-        float panel[PANEL_ELEMS]; /* [CT_MAX][k] weight rows as float */
+    if (nm_kernels_is_block_quant(type) && m > rt_max && k * ct_max <= PANEL_ELEMS) {
+        float panel[PANEL_ELEMS]; /* [ct_max][k] weight rows as float */
         for (int64_t i0 = 0; i0 < m; i0 += rb) {
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
-            for (int64_t j = j0; j < j1; j += CT_MAX) {
-                const int ct = (int)(j1 - j < CT_MAX ? j1 - j : CT_MAX);
+            for (int64_t j = j0; j < j1; j += ct_max) {
+                const int ct = (int)(j1 - j < ct_max ? j1 - j : ct_max);
                 for (int c = 0; c < ct; c++)
                     nm_dequantize_row((nm_dtype)type, base + (size_t)(j + c) * w->row_bytes,
                                       panel + c * k, k);
-                for (int64_t i = i0; i < i1; i += RT_MAX) {
-                    const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-                    tile_rows(NM_DTYPE_F32, rt, ct, x + i * ldx, ldx, (const uint8_t *)panel,
-                              (size_t)k * sizeof(float), k, y + i * ldy + j, ldy);
-                }
+                row_tiles(NM_DTYPE_F32, rt_max, ct, ct_max, x, ldx, i0, i1,
+                          (const uint8_t *)panel, (size_t)k * sizeof(float), k, y, ldy, j);
             }
         }
         return;
     }
     for (int64_t i0 = 0; i0 < m; i0 += rb) {
         const int64_t i1 = i0 + rb < m ? i0 + rb : m;
-        for (int64_t j = j0; j < j1; j += CT_MAX) {
-            const int ct = (int)(j1 - j < CT_MAX ? j1 - j : CT_MAX);
-            const uint8_t *wj = base + (size_t)j * w->row_bytes;
-            for (int64_t i = i0; i < i1; i += RT_MAX) {
-                const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-                tile_rows(type, rt, ct, x + i * ldx, ldx, wj, w->row_bytes, k, y + i * ldy + j,
-                          ldy);
-            }
+        for (int64_t j = j0; j < j1; j += ct_max) {
+            const int ct = (int)(j1 - j < ct_max ? j1 - j : ct_max);
+            row_tiles(type, rt_max, ct, ct_max, x, ldx, i0, i1,
+                      base + (size_t)j * w->row_bytes, w->row_bytes, k, y, ldy, j);
         }
     }
+}
+
+ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, int64_t ldx,
+                               int64_t m, float *y, int64_t ldy, int64_t j0, int64_t j1) {
+    if (m <= 2)
+        matmul_shape(type, 2, 4, w, x, ldx, m, y, ldy, j0, j1);
+    else
+        matmul_shape(type, RT_MAX, 2, w, x, ldx, m, y, ldy, j0, j1);
 }
 
 void nm_matmul_avx2_forward(const nm_mat *w, const float *x, int64_t ldx, int64_t m, float *y,
