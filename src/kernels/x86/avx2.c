@@ -18,8 +18,8 @@
 
 enum { RT_MAX = 6, CT_MAX = 4, L2_ROW_BLOCK_BYTES = 512 * 1024 };
 /* Quantised rows are widened QCHUNK elements at a time (whole blocks of
- * every quantised type), or whole into a panel of CT_MAX rows when it holds
- * PANEL_ELEMS floats at most. */
+ * every quantised type), or whole into a panel of a tile's 2 or 4 weight
+ * rows when it holds PANEL_ELEMS floats at most. */
 enum { QCHUNK = NM_QUANT_CHUNK, PANEL_ELEMS = 16 * 1024 };
 
 /* 8 weights of one row from element kk (kk % 8 == 0); n_left < 8 reads only
@@ -71,10 +71,6 @@ ALWAYS_INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* y[r][c] = x[r] . w[c]: one 8-lane FMA accumulator per output, the same
- * operations for every tile shape. Per step of 8 elements the ct weight
- * vectors are widened once, then each activation row is loaded once into a
- * register for its ct FMAs (6 x 2: 12 accumulators, 2 weights, 1 row). */
 /* One step of tile(): elements [kk, kk + n_left) of every row and column. */
 ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
                              const uint8_t *w, size_t row_bytes, int64_t kk, int n_left,
