@@ -126,20 +126,9 @@ ALWAYS_INLINE void qtile(uint32_t type, int rt, int ct, const float *x, int64_t 
         for (int c = 0; c < ct; c++)
             nm_dequantize_row((nm_dtype)type,
                               w + (size_t)c * row_bytes + (size_t)(k0 / QCHUNK) * cb, wb[c], nk);
-        for (int64_t kk = 0; kk < nk; kk += 8) {
-            __m256 wv[CT_MAX];
-#pragma GCC unroll 4
-            for (int c = 0; c < ct; c++)
-                wv[c] = _mm256_loadu_ps(wb[c] + kk);
-#pragma GCC unroll 6
-            for (int r = 0; r < rt; r++) {
-                __m256 xv = _mm256_loadu_ps(x + r * ldx + k0 + kk);
-                __asm__("" : "+x"(xv)); /* as in tile_step */
-#pragma GCC unroll 4
-                for (int c = 0; c < ct; c++)
-                    acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
-            }
-        }
+        for (int64_t kk = 0; kk < nk; kk += 8)
+            tile_step(NM_DTYPE_F32, rt, ct, x + k0, ldx, (const uint8_t *)wb[0], sizeof wb[0], kk,
+                      8, acc);
     }
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
