@@ -824,13 +824,14 @@ int main(void) {
      * the quantised panels' limit (4096) with several rows and past
      * avx512vnni's slice of one row (65536); 200 rows of 768 cross
      * avx512vnni's block of quantised rows; amx's tiles of 16 rows and
-     * outputs, two by two, and its slices of BF16 rows (1024) */
+     * outputs, two by two, and its slices of BF16 rows (1024); avx2's
+     * float spans of 512 elements over blocks of at most 64 columns */
     const int64_t shapes[][3] = {
         {1, 1, 1},     {1, 7, 3},      {3, 5, 257},   {17, 33, 300},  {2, 3, 4099},  {5, 9, 16},
         {4, 4, 64},    {9, 6, 33},     {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20},  {6, 70, 96},
         {1, 19, 512},  {9, 5, 5000},   {5, 8, 768},   {4, 17, 4096},  {7, 16, 8192}, {13, 31, 256},
         {6, 15, 64},   {200, 20, 768}, {1, 33, 2048}, {12, 48, 4096}, {40, 6, 8192}, {48, 40, 1056},
-        {150, 35, 96}, {16, 16, 256}};
+        {150, 35, 96}, {16, 16, 256},  {9, 70, 1100}};
     for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
         if (!nm_kernels_isa_supported((nm_kernels_isa)isa)) {
             printf("variant %s: not supported here, skipped\n",

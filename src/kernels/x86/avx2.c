@@ -17,6 +17,9 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 enum { RT_MAX = 6, CT_MAX = 4, L2_ROW_BLOCK_BYTES = 512 * 1024 };
+/* matmul_spans: spans of KSPAN elements (a multiple of 8), blocks of at most
+ * NB_MAX columns and L2_COL_BLOCK_BYTES of weights. */
+enum { KSPAN = 512, NB_MAX = 64, L2_COL_BLOCK_BYTES = 256 * 1024 };
 /* Quantised rows are widened QCHUNK elements at a time (whole blocks of
  * every quantised type), or whole into a panel of a tile's 2 or 4 weight
  * rows when it holds PANEL_ELEMS floats at most. */
@@ -94,20 +97,29 @@ ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *x, int6
 /* y[r][c] = x[r] . w[c]: one 8-lane FMA accumulator per output, the same
  * operations for every tile shape. Per step of 8 elements the ct weight
  * vectors are widened once, then each activation row is loaded once into a
- * register for its ct FMAs (6 x 2: 12 accumulators, 2 weights, 1 row). */
+ * register for its ct FMAs (6 x 2: 12 accumulators, 2 weights, 1 row).
+ * This call takes elements [k0, k1) (k0 % 8 == 0): the accumulators start
+ * at zero where k0 == 0 and from save otherwise, and go to y as sums where
+ * k1 == k and back to save otherwise (save: [RT_MAX][CT_MAX]), so a tile
+ * taken in spans gives the bits of one taken whole. */
 ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
-                        const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
+                        const uint8_t *w, size_t row_bytes, int64_t k0, int64_t k1, int64_t k,
+                        __m256 *save, float *y, int64_t ldy) {
     __m256 acc[RT_MAX][CT_MAX];
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
-            acc[r][c] = _mm256_setzero_ps();
-    int64_t kk = 0;
-    for (; kk + 8 <= k; kk += 8)
+            acc[r][c] = k0 == 0 ? _mm256_setzero_ps() : save[r * CT_MAX + c];
+    int64_t kk = k0;
+    for (; kk + 8 <= k1; kk += 8)
         tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, 8, acc);
-    if (kk < k) tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, (int)(k - kk), acc);
+    if (kk < k1) tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, (int)(k1 - kk), acc);
     for (int r = 0; r < rt; r++)
-        for (int c = 0; c < ct; c++)
-            y[r * ldy + c] = hsum8(acc[r][c]);
+        for (int c = 0; c < ct; c++) {
+            if (k1 == k)
+                y[r * ldy + c] = hsum8(acc[r][c]);
+            else
+                save[r * CT_MAX + c] = acc[r][c];
+        }
 }
 
 /* tile() for quantised weights: each QCHUNK of the ct rows is dequantised
@@ -135,21 +147,26 @@ ALWAYS_INLINE void qtile(uint32_t type, int rt, int ct, const float *x, int64_t 
             y[r * ldy + c] = hsum8(acc[r][c]);
 }
 
+/* tile() over [k0, k1); quantised weights only whole (k0 == 0, k1 == k). */
 ALWAYS_INLINE void tile_any(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
-                            const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
+                            const uint8_t *w, size_t row_bytes, int64_t k0, int64_t k1, int64_t k,
+                            __m256 *save, float *y, int64_t ldy) {
     if (nm_kernels_is_block_quant(type))
         qtile(type, rt, ct, x, ldx, w, row_bytes, k, y, ldy);
     else
-        tile(type, rt, ct, x, ldx, w, row_bytes, k, y, ldy);
+        tile(type, rt, ct, x, ldx, w, row_bytes, k0, k1, k, save, y, ldy);
 }
 
-/* A tile of rt rows (1 to 6) by ct columns: the two shapes the matmul uses
- * (2 x 4 for one or two rows, 6 x 2 for more), a narrower tile one column
- * at a time. Each shape is compiled for constant sizes. */
+/* A tile of rt rows (1 to 6) by ct columns over [k0, k1): the two shapes
+ * the matmul uses (2 x 4 for one or two rows, 6 x 2 for more), a narrower
+ * tile one column at a time (column c keeps its accumulators in column c of
+ * save). Each shape is compiled for constant sizes. */
 ALWAYS_INLINE void tile_rows(uint32_t type, int rt, int ct, int ct_max, const float *x,
-                             int64_t ldx, const uint8_t *w, size_t row_bytes, int64_t k, float *y,
-                             int64_t ldy) {
-#define TILE(R, C, WO, YO) tile_any(type, R, C, x, ldx, w + (WO), row_bytes, k, y + (YO), ldy)
+                             int64_t ldx, const uint8_t *w, size_t row_bytes, int64_t k0,
+                             int64_t k1, int64_t k, __m256 *save, float *y, int64_t ldy) {
+#define TILE(R, C, WO, YO)                                                                        \
+    tile_any(type, R, C, x, ldx, w + (WO), row_bytes, k0, k1, k, save ? save + (YO) : NULL,        \
+             y + (YO), ldy)
     if (ct == ct_max && ct_max == 4) {
         if (rt == 2)
             TILE(2, 4, 0, 0);
@@ -180,17 +197,58 @@ ALWAYS_INLINE void tile_rows(uint32_t type, int rt, int ct, int ct_max, const fl
 #undef TILE
 }
 
-/* Rows [i0, i1) of y against weight rows [j, j + ct), in tiles of at most
- * rt_max rows whose heights differ by at most one (a short tile costs
- * nearly what a full one does). */
+/* Rows [i0, i1) in tiles of at most rt_max rows whose heights differ by at
+ * most one (a short tile costs nearly what a full one does): the first row
+ * of tile t, and its height in *rt. */
+static inline int64_t row_tile(int64_t i0, int64_t i1, int rt_max, int64_t t, int *rt) {
+    const int64_t n_tiles = (i1 - i0 + rt_max - 1) / rt_max;
+    const int64_t i = i0 + t * (i1 - i0) / n_tiles;
+    *rt = (int)(i0 + (t + 1) * (i1 - i0) / n_tiles - i);
+    return i;
+}
+
+/* Rows [i0, i1) of y against weight rows [j, j + ct), whole. */
 ALWAYS_INLINE void row_tiles(uint32_t type, int rt_max, int ct, int ct_max, const float *x,
                              int64_t ldx, int64_t i0, int64_t i1, const uint8_t *w,
                              size_t row_bytes, int64_t k, float *y, int64_t ldy, int64_t j) {
     const int64_t n_tiles = (i1 - i0 + rt_max - 1) / rt_max;
     for (int64_t t = 0; t < n_tiles; t++) {
-        const int64_t i = i0 + t * (i1 - i0) / n_tiles;
-        const int rt = (int)(i0 + (t + 1) * (i1 - i0) / n_tiles - i);
-        tile_rows(type, rt, ct, ct_max, x + i * ldx, ldx, w, row_bytes, k, y + i * ldy + j, ldy);
+        int rt;
+        const int64_t i = row_tile(i0, i1, rt_max, t, &rt);
+        tile_rows(type, rt, ct, ct_max, x + i * ldx, ldx, w, row_bytes, 0, k, k, NULL,
+                  y + i * ldy + j, ldy);
+    }
+}
+
+/* Float weights under 6 x 2 tiles: for a block of columns whose weights stay
+ * in L2, each row tile in turn against every column of the block, KSPAN
+ * elements at a time, so that the tile's activations stay in L1 while the
+ * block's weights stream past (six whole rows of 2048 floats would not fit:
+ * read again from L2 for each pair of columns, they held the tiles to two
+ * thirds of the FMA peak). Each pair of columns keeps its accumulators in
+ * save between spans: the bits of whole tiles. */
+ALWAYS_INLINE void matmul_spans(uint32_t type, const nm_mat *w, const float *x, int64_t ldx,
+                                int64_t m, float *y, int64_t ldy, int64_t j0, int64_t j1) {
+    const int64_t k = w->k;
+    int64_t nb = L2_COL_BLOCK_BYTES / (int64_t)w->row_bytes / 2 * 2;
+    nb = nb < 2 ? 2 : nb > NB_MAX ? NB_MAX : nb;
+    __m256 save[NB_MAX / 2][RT_MAX * CT_MAX];
+    const int64_t n_tiles = (m + RT_MAX - 1) / RT_MAX;
+    for (int64_t jb = j0; jb < j1; jb += nb) {
+        const int64_t jb1 = jb + nb < j1 ? jb + nb : j1;
+        for (int64_t t = 0; t < n_tiles; t++) {
+            int rt;
+            const int64_t i = row_tile(0, m, RT_MAX, t, &rt);
+            for (int64_t k0 = 0; k0 < k; k0 += KSPAN) {
+                const int64_t k1 = k0 + KSPAN < k ? k0 + KSPAN : k;
+                for (int64_t j = jb; j < jb1; j += 2) {
+                    const int ct = jb1 - j < 2 ? 1 : 2;
+                    tile_rows(type, rt, ct, 2, x + i * ldx, ldx,
+                              w->data + (size_t)j * w->row_bytes, w->row_bytes, k0, k1, k,
+                              save[(j - jb) / 2], y + i * ldy + j, ldy);
+                }
+            }
+        }
     }
 }
 
@@ -202,6 +260,10 @@ ALWAYS_INLINE void matmul_shape(uint32_t type, int rt_max, int ct_max, const nm_
     int64_t rb = L2_ROW_BLOCK_BYTES / (k * (int64_t)sizeof(float)) / rt_max * rt_max;
     if (rb < rt_max) rb = rt_max;
     const uint8_t *base = w->data;
+    if (!nm_kernels_is_block_quant(type) && rt_max == RT_MAX) {
+        matmul_spans(type, w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    }
     /* Quantised weights with more than one row tile: a panel of ct_max rows
      * is dequantised once (at most 64 KiB on the stack) and read as F32 by
      * every row tile. */
