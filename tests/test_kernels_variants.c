@@ -325,10 +325,16 @@ static void check_repacked(const nm_mat *mat, const float *x, int64_t m, const f
         if (cuts[c] < cuts[c + 1]) nm_matmul_forward(&pk, x, k, m, yp, n, cuts[c], cuts[c + 1]);
     CHECK(nm_kernels_force(was));
     CHECK(memcmp(yp, y, (size_t)(m * n) * sizeof(float)) == 0);
-    /* one row at a time */
+    /* one row at a time; the last one also on the cut ranges (one row
+     * reads whole groups and parts of them differently under avx2) */
     for (int64_t i = 0; i < m; i++)
         nm_matmul_forward(&pk, x + i * k, k, 1, yp + i * n, n, 0, n);
     CHECK(memcmp(yp, y, (size_t)(m * n) * sizeof(float)) == 0);
+    memset(yp, 0, (size_t)n * sizeof(float));
+    for (int c = 0; c + 1 < (int)(sizeof cuts / sizeof cuts[0]); c++)
+        if (cuts[c] < cuts[c + 1])
+            nm_matmul_forward(&pk, x + (m - 1) * k, k, 1, yp, n, cuts[c], cuts[c + 1]);
+    CHECK(memcmp(yp, y + (m - 1) * n, (size_t)n * sizeof(float)) == 0);
     free(yp);
     free(buf);
 }

@@ -435,6 +435,35 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, int packed, 
         _mm256_maskstore_ps(y + r * ldy, cmask, acc[r]);
 }
 
+/* One activation row against a whole group of the panel16 layout (src: its
+ * half 0), both halves fetch by fetch, so that each 64-byte vector is read
+ * whole, once, and the group's bytes in one ascending stream (a half at a
+ * time read every line twice, 50% slower from memory); pf: the lines of
+ * the next group. Each output's units in tile()'s order: its bits. */
+ALWAYS_INLINE void tile_group(uint32_t type, const wsrc *src, const int8_t *xq,
+                              const nm_xblock *xm, int64_t nb, float *y, prefetch pf) {
+    enum { G_MAX = NM_QK_K / QB };
+    const int g_units = units_per_fetch(type);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    wsrc halves[2] = {*src, *src};
+    halves[1].half = 1;
+    for (int64_t g = 0; g < nb / g_units; g++) {
+        if (pf.at)
+            for (size_t o = (size_t)g * pf.step; o < (size_t)g * pf.step + pf.len; o += 64)
+                _mm_prefetch((const char *)pf.at + o, _MM_HINT_T1);
+        for (int h = 0; h < 2; h++) {
+            _Alignas(32) wblock tmp[G_MAX];
+            fetch(type, 1, &halves[h], g, tmp);
+            for (int ui = 0; ui < g_units; ui++) {
+                const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
+                unit_rows(type, 1, tmp + u, &xq, &xm, g * g_units + u, &acc[h]);
+            }
+        }
+    }
+    _mm256_storeu_ps(y, acc[0]);
+    _mm256_storeu_ps(y + NC, acc[1]);
+}
+
 /* Tile heights with constant bounds, so the accumulators live in registers. */
 ALWAYS_INLINE void tile_rt(uint32_t type, int rt, const wblock *panel, int packed, const wsrc *src,
                            const int8_t *xq, int64_t ldq, const nm_xblock *xm, int64_t ldm,
@@ -471,6 +500,20 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
     const size_t at = (size_t)(k0 / fetch_k) * fetch_bytes(type);
     const int packed = j < n_grouped;
     const int64_t jl = packed ? j / NC * NC : j; /* lane 0's row */
+    const size_t fb = fetch_bytes(type);
+    if (packed && !use_panel && i1 - i0 == 1 && kn == w->k && j % PANEL_ROWS == 0 &&
+        j + PANEL_ROWS <= j1) {
+        /* one row against the whole group (tile_group), the next one's
+         * lines fetched into L2 meanwhile where it is wanted too */
+        const uint8_t *grp = (const uint8_t *)w->data + (size_t)j * w->row_bytes;
+        const int next = j + 2 * PANEL_ROWS <= j1 && j + 2 * PANEL_ROWS <= n_grouped;
+        const prefetch pf = {.at = next ? grp + (size_t)PANEL_ROWS * w->row_bytes : NULL,
+                             .step = PANEL_ROWS * fb,
+                             .len = PANEL_ROWS * fb};
+        const wsrc src = {.pk = grp, .half = 0};
+        tile_group(type, &src, xq, xm, kn / QB, y + i0 * ldy + j, pf);
+        return j + PANEL_ROWS;
+    }
     const int64_t je = jl + NC < j1 ? jl + NC : j1;
     wsrc src = {.pk = NULL};
     if (packed) {
@@ -498,7 +541,6 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
      * layout those are the next group, whose fetch g each half takes half
      * of; in the file's, the next NC rows. */
     prefetch pf = {.at = NULL};
-    const size_t fb = fetch_bytes(type);
     const int64_t g0 = jl / PANEL_ROWS * PANEL_ROWS; /* the group's first row */
     if (!use_panel && kn == w->k && packed && g0 + 2 * PANEL_ROWS <= j1 &&
         g0 + 2 * PANEL_ROWS <= n_grouped)
