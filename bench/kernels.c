@@ -286,10 +286,14 @@ int main(int argc, char **argv) {
         }
         bw1 = nm_peak_read_gbs(1);
         bw2 = nm_peak_read_gbs(2);
+    } else if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX2)) {
+        fma = nm_peak_fma_avx2_gflops();
+        bw1 = nm_peak_read_gbs(1);
+        bw2 = nm_peak_read_gbs(2);
     }
-    printf("# peaks (one core): FP32 FMA %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
+    printf("# peaks (one core): FP32 FMA%s %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
            "int8 VNNI (vpdpbusd) %.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
-           fma, bf16, vnni, bw1, bw2);
+           nm_kernels_isa_supported(NM_KERNELS_AVX512) ? "" : " (AVX2)", fma, bf16, vnni, bw1, bw2);
     printf("# AMX tile peaks (one core): tdpbf16ps %.1f GFLOP/s, tdpbssd %.1f GOP/s%s\n", tbf16,
            tint8, nm_kernels_amx_hardware() ? "" : " (no AMX here)");
     fma_peak = fma;

@@ -1,26 +1,25 @@
-/* This machine's peaks, measured: one core's FP32 FMA rate (AVX-512, 8
+/* This machine's AVX-512 and AMX peaks, measured: one core's FP32 FMA rate (8
  * independent accumulators), the AVX512-BF16 dot product (vdpbf16ps) and
  * the AVX512-VNNI int8 dot (vpdpbusd) rates, the AMX tile products
  * (tdpbf16ps, tdpbssd: four independent 16 x 16 tiles from two A and two B
  * tiles, as amx.c's BF16 loop uses them; per second of the thread's CPU
- * time), and the memory read bandwidth
- * with 1 and n threads. Only called when CPUID reports the instructions
+ * time) (peaks-avx2.c: the AVX2 FMA rate and the memory read
+ * bandwidth). Only called when CPUID reports the instructions
  * (AMX: and the kernel granted the tile state). */
 #include "peaks.h"
 
-#include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <time.h>
+
+
+#if defined(NM_BENCH_X86)
+#include <immintrin.h>
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-#if defined(NM_BENCH_X86)
-#include <immintrin.h>
 
 enum { CHAINS = 8, ITERS = 20000000 };
 
@@ -141,61 +140,10 @@ double nm_peak_amx_bf16_gflops(void) { return 0; }
 double nm_peak_amx_int8_gops(void) { return 0; }
 #endif
 
-typedef struct bw_arg {
-    const float *p;
-    size_t n;
-    float sum;
-} bw_arg;
-
-static void *bw_read(void *q) {
-    bw_arg *a = q;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 64 <= a->n; i += 64) {
-        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(a->p + i));
-        s1 = _mm512_add_ps(s1, _mm512_loadu_ps(a->p + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_loadu_ps(a->p + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_loadu_ps(a->p + i + 48));
-    }
-    a->sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-    return NULL;
-}
-
-double nm_peak_read_gbs(int n_threads) {
-    const size_t n = (size_t)1 << 28; /* 1 GiB of floats, far past the caches */
-    float *p = malloc(n * sizeof(float));
-    if (!p) return 0;
-    /* distinct non-zero values: pages of zeros may be shared or never
-     * backed by memory (a hypervisor can map them all to one page) */
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)(i & 1023);
-    bw_arg args[64];
-    pthread_t th[64];
-    if (n_threads > 64) n_threads = 64;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        const double t0 = now();
-        for (int t = 0; t < n_threads; t++) {
-            args[t] =
-                (bw_arg){.p = p + n / (size_t)n_threads * (size_t)t, .n = n / (size_t)n_threads};
-            pthread_create(&th[t], NULL, bw_read, &args[t]);
-        }
-        for (int t = 0; t < n_threads; t++)
-            pthread_join(th[t], NULL);
-        const double gbs = (double)n * sizeof(float) / (now() - t0) * 1e-9;
-        if (gbs > best) best = gbs;
-    }
-    free(p);
-    return best;
-}
 #else
 double nm_peak_amx_bf16_gflops(void) { return 0; }
 double nm_peak_amx_int8_gops(void) { return 0; }
 double nm_peak_fma_gflops(void) { return 0; }
 double nm_peak_bf16_dot_gflops(void) { return 0; }
 double nm_peak_vnni_gops(void) { return 0; }
-double nm_peak_read_gbs(int n_threads) {
-    (void)n_threads;
-    (void)now;
-    return 0;
-}
 #endif

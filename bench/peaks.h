@@ -3,6 +3,7 @@
 #define NM_BENCH_PEAKS_H
 
 double nm_peak_fma_gflops(void);        /* one core, FP32 FMA, 2 flops per lane */
+double nm_peak_fma_avx2_gflops(void);   /* the same on 8-lane AVX2 vectors */
 double nm_peak_bf16_dot_gflops(void);   /* one core, vdpbf16ps, 2 flops per product */
 double nm_peak_vnni_gops(void);         /* one core, vpdpbusd, 2 ops per product */
 double nm_peak_read_gbs(int n_threads); /* memory read, GB/s */
