@@ -74,8 +74,9 @@ ALWAYS_INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* One step of tile(): elements [kk, kk + n_left) of every row and column. */
-ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
+/* One step of tile(): elements [kk, kk + n_left) of every row and column
+ * (xk: the activations of element kk of the first row). */
+ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *xk, int64_t ldx,
                              const uint8_t *w, size_t row_bytes, int64_t kk, int n_left,
                              __m256 acc[RT_MAX][CT_MAX]) {
     __m256 wv[CT_MAX];
@@ -84,7 +85,7 @@ ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *x, int6
         wv[c] = load_w8(type, w + (size_t)c * row_bytes, kk, n_left);
 #pragma GCC unroll 6
     for (int r = 0; r < rt; r++) {
-        __m256 xv = load_x8(x + r * ldx + kk, n_left);
+        __m256 xv = load_x8(xk + r * ldx, n_left);
         /* in a register: gcc would otherwise fold the load into each of the
          * ct FMAs, ct loads of it (the loop is then load-bound) */
         __asm__("" : "+x"(xv));
@@ -98,7 +99,8 @@ ALWAYS_INLINE void tile_step(uint32_t type, int rt, int ct, const float *x, int6
  * operations for every tile shape. Per step of 8 elements the ct weight
  * vectors are widened once, then each activation row is loaded once into a
  * register for its ct FMAs (6 x 2: 12 accumulators, 2 weights, 1 row).
- * This call takes elements [k0, k1) (k0 % 8 == 0): the accumulators start
+ * This call takes elements [k0, k1) (k0 % 8 == 0; x: the activations of
+ * element k0 of the first row): the accumulators start
  * at zero where k0 == 0 and from save otherwise, and go to y as sums where
  * k1 == k and back to save otherwise (save: [RT_MAX][CT_MAX]), so a tile
  * taken in spans gives the bits of one taken whole. */
@@ -111,8 +113,9 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t l
             acc[r][c] = k0 == 0 ? _mm256_setzero_ps() : save[r * CT_MAX + c];
     int64_t kk = k0;
     for (; kk + 8 <= k1; kk += 8)
-        tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, 8, acc);
-    if (kk < k1) tile_step(type, rt, ct, x, ldx, w, row_bytes, kk, (int)(k1 - kk), acc);
+        tile_step(type, rt, ct, x + (kk - k0), ldx, w, row_bytes, kk, 8, acc);
+    if (kk < k1)
+        tile_step(type, rt, ct, x + (kk - k0), ldx, w, row_bytes, kk, (int)(k1 - kk), acc);
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++) {
             if (k1 == k)
@@ -139,8 +142,8 @@ ALWAYS_INLINE void qtile(uint32_t type, int rt, int ct, const float *x, int64_t 
             nm_dequantize_row((nm_dtype)type,
                               w + (size_t)c * row_bytes + (size_t)(k0 / QCHUNK) * cb, wb[c], nk);
         for (int64_t kk = 0; kk < nk; kk += 8)
-            tile_step(NM_DTYPE_F32, rt, ct, x + k0, ldx, (const uint8_t *)wb[0], sizeof wb[0], kk,
-                      8, acc);
+            tile_step(NM_DTYPE_F32, rt, ct, x + k0 + kk, ldx, (const uint8_t *)wb[0], sizeof wb[0],
+                      kk, 8, acc);
     }
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
@@ -233,6 +236,9 @@ ALWAYS_INLINE void matmul_spans(uint32_t type, const nm_mat *w, const float *x, 
     int64_t nb = L2_COL_BLOCK_BYTES / (int64_t)w->row_bytes / 2 * 2;
     nb = nb < 2 ? 2 : nb > NB_MAX ? NB_MAX : nb;
     __m256 save[NB_MAX / 2][RT_MAX * CT_MAX];
+    /* the tile's span of activations, one row after another: rows of the
+     * caller's x lie 8 KiB apart at K = 2048, all in the same L1 sets */
+    _Alignas(32) float xs[RT_MAX][KSPAN];
     const int64_t n_tiles = (m + RT_MAX - 1) / RT_MAX;
     for (int64_t jb = j0; jb < j1; jb += nb) {
         const int64_t jb1 = jb + nb < j1 ? jb + nb : j1;
@@ -241,11 +247,12 @@ ALWAYS_INLINE void matmul_spans(uint32_t type, const nm_mat *w, const float *x, 
             const int64_t i = row_tile(0, m, RT_MAX, t, &rt);
             for (int64_t k0 = 0; k0 < k; k0 += KSPAN) {
                 const int64_t k1 = k0 + KSPAN < k ? k0 + KSPAN : k;
+                for (int r = 0; r < rt; r++)
+                    memcpy(xs[r], x + (i + r) * ldx + k0, (size_t)(k1 - k0) * sizeof(float));
                 for (int64_t j = jb; j < jb1; j += 2) {
                     const int ct = jb1 - j < 2 ? 1 : 2;
-                    tile_rows(type, rt, ct, 2, x + i * ldx, ldx,
-                              w->data + (size_t)j * w->row_bytes, w->row_bytes, k0, k1, k,
-                              save[(j - jb) / 2], y + i * ldy + j, ldy);
+                    tile_rows(type, rt, ct, 2, xs[0], KSPAN, w->data + (size_t)j * w->row_bytes,
+                              w->row_bytes, k0, k1, k, save[(j - jb) / 2], y + i * ldy + j, ldy);
                 }
             }
         }
