@@ -275,6 +275,7 @@ int main(int argc, char **argv) {
         }
     if (ci) fclose(ci);
     double fma = 0, bf16 = 0, vnni = 0, bw1 = 0, bw2 = 0, tbf16 = 0, tint8 = 0;
+    const char *fma_isa = ""; /* " (AVX2)" where the FMA peak is the 8-lane one */
     if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX512)) {
         fma = nm_peak_fma_gflops();
         __builtin_cpu_init();
@@ -287,13 +288,14 @@ int main(int argc, char **argv) {
         bw1 = nm_peak_read_gbs(1);
         bw2 = nm_peak_read_gbs(2);
     } else if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX2)) {
+        fma_isa = " (AVX2)";
         fma = nm_peak_fma_avx2_gflops();
         bw1 = nm_peak_read_gbs(1);
         bw2 = nm_peak_read_gbs(2);
     }
     printf("# peaks (one core): FP32 FMA%s %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
            "int8 VNNI (vpdpbusd) %.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
-           nm_kernels_isa_supported(NM_KERNELS_AVX512) ? "" : " (AVX2)", fma, bf16, vnni, bw1, bw2);
+           fma_isa, fma, bf16, vnni, bw1, bw2);
     printf("# AMX tile peaks (one core): tdpbf16ps %.1f GFLOP/s, tdpbssd %.1f GOP/s%s\n", tbf16,
            tint8, nm_kernels_amx_hardware() ? "" : " (no AMX here)");
     fma_peak = fma;
