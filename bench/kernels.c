@@ -4,8 +4,9 @@
  * and decode GEMVs whose weights do not fit in the caches (one large matrix,
  * and 128 distinct expert-sized ones one after another). Reports GFLOP/s and weight GB/s
  * against this machine's measured peaks.
- * Usage: nm_bench_kernels [REPS [TYPE [VARIANT [MxNxK]]]] (TYPE, VARIANT:
- * only those, "all" for every one; MxNxK: that one shape instead), or
+ * Usage: nm_bench_kernels [REPS [TYPE [VARIANT [MxNxK[xE]]]]] (TYPE, VARIANT:
+ * only those, "all" for every one; MxNxK: that one shape instead, xE: over
+ * E distinct matrices one after another, as a layer's experts), or
  * nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK: gate and up as two
  * matmuls against the fused nm_matmul_swiglu_forward (bench_swiglu). */
 #include "kernels/kernels-impl.h"
@@ -261,7 +262,7 @@ int main(int argc, char **argv) {
         return bench_swiglu(reps, argc > 3 ? argv[3] : "", argc > 4 ? argv[4] : "",
                             argc > 5 ? argv[5] : "");
     if (reps < 1 || reps > 1000) {
-        fprintf(stderr, "usage: nm_bench_kernels [REPS in 1..1000 [TYPE [VARIANT [MxNxK]]]]\n");
+        fprintf(stderr, "usage: nm_bench_kernels [REPS in 1..1000 [TYPE [VARIANT [MxNxK[xE]]]]]\n");
         return 2;
     }
     printf("# nm_bench_kernels %d\n", reps);
@@ -320,12 +321,14 @@ int main(int argc, char **argv) {
                            {"gemv (decode, 128 experts)", 1, 2048, 768, 128}};
     int n_tests = 5;
     if (argc > 4) {
-        long long m, n, k;
-        if (sscanf(argv[4], "%lldx%lldx%lld", &m, &n, &k) != 3 || m < 1 || n < 1 || k < 32 ||
-            k % 32 != 0 || m * k > (1ll << 28) || n * k > (1ll << 32)) {
+        long long m, n, k, e = 1; /* MxNxK, or MxNxKxE: E distinct matrices */
+        const int got = sscanf(argv[4], "%lldx%lldx%lldx%lld", &m, &n, &k, &e);
+        if ((got != 3 && got != 4) || m < 1 || n < 1 || k < 32 || k % 32 != 0 || e < 1 ||
+            e > 1024 || m * k > (1ll << 28) || n * e * k > (1ll << 32)) {
             fprintf(stderr,
-                    "shape %s: want MxNxK, K a multiple of 32 (types of larger blocks "
-                    "are left out where it is not one of theirs)\n",
+                    "shape %s: want MxNxK or MxNxKxE (E distinct matrices, at most 1024), K "
+                    "a multiple of 32 (types of larger blocks are left out where it is not "
+                    "one of theirs)\n",
                     argv[4]);
             return 2;
         }
@@ -333,7 +336,7 @@ int main(int argc, char **argv) {
         tests[0].m = m;
         tests[0].n = n;
         tests[0].k = k;
-        tests[0].n_mat = 1;
+        tests[0].n_mat = e;
         n_tests = 1;
     }
     int failures = 0;

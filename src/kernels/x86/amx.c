@@ -37,17 +37,21 @@
 #endif
 
 /* Tiles. BF16: C 0-3 (16 x 16 FP32), A 4-5 (16 rows x 32 BF16), B 6-7
- * (16 pairs x 16 columns). Int8: C 0, 1, 6, 7 (16 x 16 int32); A 2 (16 rows
- * x 32 codes), B 3 (8 rows x 16 x 4 codes); Q6_K's halves: A 4 (16 x 16
- * codes), B 5 (4 rows x 16 x 4 codes). */
-enum { CFG_BF16 = 0, CFG_INT8 = 1 };
-static const nm_amx_cfg configs[2] = {
+ * (16 pairs x 16 columns). Int8: C 0, 1, 6, 7 (16 x 16 int32: a batch of
+ * four units' sums; Q6_K: two units, a tile per half); A 2 and 4 (16 rows
+ * x 32 codes; Q6_K: x 16), B 3 and 5 (8 rows x 16 x 4 codes; Q6_K: 4
+ * rows), used by alternate units (Q6_K: halves). */
+enum { CFG_BF16 = 0, CFG_INT8 = 1, CFG_INT8_HALF = 2 };
+static const nm_amx_cfg configs[3] = {
     [CFG_BF16] = {.palette = 1,
                   .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
                   .rows = {16, 16, 16, 16, 16, 16, 16, 16}},
     [CFG_INT8] = {.palette = 1,
-                  .colsb = {64, 64, 32, 64, 16, 64, 64, 64},
-                  .rows = {16, 16, 16, 8, 16, 4, 16, 16}},
+                  .colsb = {64, 64, 32, 64, 32, 64, 64, 64},
+                  .rows = {16, 16, 16, 8, 16, 8, 16, 16}},
+    [CFG_INT8_HALF] = {.palette = 1,
+                       .colsb = {64, 64, 16, 64, 16, 64, 64, 64},
+                       .rows = {16, 16, 16, 4, 16, 4, 16, 16}},
 };
 
 /* The configuration this thread loaded last (-1: none yet): each thread
@@ -278,107 +282,193 @@ static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64
 
 /* KC: K elements per slice, as avx512vnni's panel path; XBUF_BYTES: the
  * quantised activation rows of a block. */
-enum { KC = 4096, XBUF_BYTES = 160 * 1024, MT = 16 };
+enum { KC = 4096, XBUF_BYTES = 160 * 1024, MT = 16, PK_Q8_0 = NC * NM_Q8_0_BYTES };
 /* Products of fewer rows go to avx512vnni (measured crossover,
  * docs/PERFORMANCE.md); more fill the last tile with rows of zeros. */
 enum { AMX_MIN_ROWS = 12 };
 
-/* acc[r] += the units' sums (cs: C tile of unit b as int32 [r][lane]; Q6_K:
- * cs2 the second half) scaled as avx512vnni's unit_dot scales them. */
-static inline __attribute__((always_inline)) void
-unit_scale(uint32_t type, const int32_t *cs, const int32_t *cs2, const wpanel_block *wb,
-           const nm_xblock *xm, int64_t ldm, __m512 *acc) {
+/* acc[r] += a unit's sums (cs: its C tile as int32 [r][lane]; Q6_K: cs2
+ * the second half's) scaled as avx512vnni's unit_dot scales them, in its
+ * order (Q6_K: the two halves' scaled sums in float, exact); ws, aux: the
+ * unit's weight scales (as wpanel_block's s, aux); xm: the 16 rows'
+ * activation blocks. */
+static inline __attribute__((always_inline)) void unit_scale(uint32_t type, const int32_t *cs,
+                                                             const int32_t *cs2, __m512 ws,
+                                                             __m512i aux, const nm_xblock *xm,
+                                                             __m512 *acc) {
+    __m512 s1 = _mm512_setzero_ps(), s2 = s1;
+    if (type == NM_DTYPE_Q6_K) {
+        s1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(aux, 16), 16));
+        s2 = _mm512_cvtepi32_ps(_mm512_srai_epi32(aux, 16));
+    }
+#pragma GCC unroll 16
     for (int r = 0; r < MT; r++) {
-        const nm_xblock *xb = &xm[r * ldm];
-        __m512i dot = _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c));
+        const nm_xblock *xb = &xm[r];
+        const __m512i d1 =
+            _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c));
+        __m512 dot;
         if (type == NM_DTYPE_Q6_K) {
             const __m512i d2 =
                 _mm512_add_epi32(_mm512_load_si512(cs2 + 16 * r), _mm512_set1_epi32(xb->c2));
-            const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(wb->aux, 16), 16);
-            const __m512i s2 = _mm512_srai_epi32(wb->aux, 16);
-            dot = _mm512_add_epi32(_mm512_mullo_epi32(dot, s1), _mm512_mullo_epi32(d2, s2));
+            dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d2), s2,
+                                  _mm512_mul_ps(_mm512_cvtepi32_ps(d1), s1));
+        } else {
+            dot = _mm512_cvtepi32_ps(d1);
         }
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                 _mm512_mul_ps(wb->s, _mm512_set1_ps(xb->d)), acc[r]);
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(xb->d)), acc[r]);
         if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
-            acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(wb->aux), _mm512_set1_ps(xb->f), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(aux), _mm512_set1_ps(xb->f), acc[r]);
     }
 }
 
-/* The tile products of unit b into C tiles c (and c + 1 for Q6_K's second
- * half, as tiles 0/1 or 6/7). */
-#define UNIT_PRODUCTS(type, xq, ldq, b, wb, c0, c1)                                                \
+/* C tile c = A tile a (activation codes from x, QB bytes a row) . B tile
+ * b (weight codes from q, 64 bytes a row). */
+#define TILE_PRODUCT(c, a, b, x, q)                                                                \
     do {                                                                                           \
-        AMX_ZERO(c0);                                                                              \
-        if ((type) == NM_DTYPE_Q6_K) {                                                             \
-            AMX_ZERO(c1);                                                                          \
-            AMX_LOAD(4, (xq) + QB * (b), ldq);                                                     \
-            AMX_LOAD(5, (wb)->q, 64);                                                              \
-            AMX_DPBSUD(c0, 4, 5);                                                                  \
-            AMX_LOAD(4, (xq) + QB * (b) + 16, ldq);                                                \
-            AMX_LOAD(5, (wb)->q + 4, 64);                                                          \
-            AMX_DPBSUD(c1, 4, 5);                                                                  \
-        } else {                                                                                   \
-            AMX_LOAD(2, (xq) + QB * (b), ldq);                                                     \
-            AMX_LOAD(3, (wb)->q, 64);                                                              \
-            AMX_DPBSUD(c0, 2, 3);                                                                  \
-        }                                                                                          \
+        AMX_ZERO(c);                                                                               \
+        AMX_LOAD(a, x, QB);                                                                        \
+        AMX_LOAD(b, q, 64);                                                                        \
+        AMX_DPBSUD(c, a, b);                                                                       \
     } while (0)
 
-/* Weights to prefetch into L2 while a tile computes: 16 rows from p
- * (stride bytes apart), `lines` cache lines of each (a contiguous block:
- * 16 parts of it). */
+/* The tile products of a unit (weight codes q, as wpanel_block's q[8]) into
+ * the C tiles of slot `slot` of a batch (tile numbers must be constants,
+ * hence the switch). */
+static inline __attribute__((always_inline)) void unit_products(uint32_t type, int slot,
+                                                                const int8_t *x, const uint8_t *q) {
+    if (type == NM_DTYPE_Q6_K) {
+        if (slot == 0) {
+            TILE_PRODUCT(0, 2, 3, x, q);
+            TILE_PRODUCT(1, 4, 5, x + 16, q + 64 * 4);
+        } else {
+            TILE_PRODUCT(6, 2, 3, x, q);
+            TILE_PRODUCT(7, 4, 5, x + 16, q + 64 * 4);
+        }
+        return;
+    }
+    switch (slot) {
+    case 0:
+        TILE_PRODUCT(0, 2, 3, x, q);
+        break;
+    case 1:
+        TILE_PRODUCT(1, 4, 5, x, q);
+        break;
+    case 2:
+        TILE_PRODUCT(6, 2, 3, x, q);
+        break;
+    default:
+        TILE_PRODUCT(7, 4, 5, x, q);
+    }
+}
+
+/* The C tiles of slot `slot` to cs[slot] (Q6_K: its two halves to
+ * cs[2 slot] and cs[2 slot + 1]). */
+static inline __attribute__((always_inline)) void unit_store(uint32_t type, int slot,
+                                                             int32_t (*cs)[MT * 16]) {
+    if (type == NM_DTYPE_Q6_K) {
+        if (slot == 0) {
+            AMX_STORE(0, cs[0], 64);
+            AMX_STORE(1, cs[1], 64);
+        } else {
+            AMX_STORE(6, cs[2], 64);
+            AMX_STORE(7, cs[3], 64);
+        }
+        return;
+    }
+    switch (slot) {
+    case 0:
+        AMX_STORE(0, cs[0], 64);
+        break;
+    case 1:
+        AMX_STORE(1, cs[1], 64);
+        break;
+    case 2:
+        AMX_STORE(6, cs[2], 64);
+        break;
+    default:
+        AMX_STORE(7, cs[3], 64);
+    }
+}
+
+/* Weights to prefetch into L2 while a tile computes: n_rows rows from p,
+ * stride bytes apart, `lines` cache lines of each; unit i of nb takes the
+ * lines [i, i + 1) * lines / nb of every row. */
 typedef struct prefetch_rows {
     const uint8_t *p;
     int64_t stride, lines;
+    int n_rows;
 } prefetch_rows;
 
-/* MT activation rows (codes xq, row stride ldq; blocks xm, stride ldm) x
- * the NC rows of panel over nb units; y as avx512vnni's tile leaves it,
- * for its first `rows` rows (the others are zeros in xq and xm); pf: the
- * next panel's weights, prefetched meanwhile (or NULL). */
-static inline __attribute__((always_inline)) void
-tile_q(uint32_t type, const wpanel_block *panel, const int8_t *xq, int64_t ldq, const nm_xblock *xm,
-       int64_t ldm, int64_t nb, float *y, int64_t ldy, __mmask16 cmask, int first, int rows,
-       const prefetch_rows *pf) {
-    enum { G_MAX = NM_QK_K / QB };
+/* The i-th unit of a slice in avx512vnni's order. */
+static inline int64_t unit_at(uint32_t type, int64_t i) {
     const int g_units = units_per_fetch(type);
-    __m512 acc[MT];
+    if (g_units == 1) return i;
+    const int ui = (int)(i % g_units);
+    return i - ui + kq_unit(type, ui / 2, ui % 2);
+}
+
+/* MT activation rows (a tile of quantise_rows' tiled layout: codes xq,
+ * blocks xm) x the NC rows of panel over nb units (or, pk set, of the Q8_0
+ * group of the panel16 layout at pk, read in place: its codes are B tiles
+ * as they lie); y as avx512vnni's tile leaves it, for its first `rows` rows
+ * (the others are zeros in xq and xm); pf: the next panel's weights,
+ * prefetched meanwhile (or NULL).
+ *
+ * The units go in batches of four (Q6_K: two), one per C tile (pair): a
+ * batch's products are issued and its C tiles stored, then the batch
+ * before is scaled. The vector loads of a C tile's sums wait until its
+ * store retires, which waits for every tile product before it in program
+ * order; so they come after the next batch's products, and depend only on
+ * stores behind which no product is pending. */
+static inline __attribute__((always_inline)) void tile_q(uint32_t type, const wpanel_block *panel,
+                                                         const uint8_t *pk, const int8_t *xq,
+                                                         const nm_xblock *xm, int64_t nb, float *y,
+                                                         int64_t ldy, __mmask16 cmask, int first,
+                                                         int rows, const prefetch_rows *pf) {
+    const int per = type == NM_DTYPE_Q6_K ? 2 : 4;
+    __m512 acc[MT]; /* the row loops are unrolled: gcc otherwise kept acc[] on the stack */
+#pragma GCC unroll 16
     for (int r = 0; r < MT; r++)
         acc[r] =
             first || r >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
-    _Alignas(64) int32_t cs[4][MT * 16];
-    /* the units in avx512vnni's order, two at a time on separate C tiles */
-    int64_t order[2];
-    int n_pend = 0;
-    for (int64_t g = 0; g < nb / g_units; g++)
-        for (int ui = 0; ui < g_units; ui++) {
-            const int u = g_units > 1 ? kq_unit(type, ui / 2, ui % 2) : 0;
-            order[n_pend++] = g * g_units + u;
-            const int last = g == nb / g_units - 1 && ui == g_units - 1;
-            if (pf) { /* this unit's share of the next rows' lines */
-                const int64_t b = g * g_units + ui, per_row = pf->lines;
-                for (int64_t l = b * 16 * per_row / nb; l < (b + 1) * 16 * per_row / nb; l++)
-                    _mm_prefetch((const char *)pf->p + (l / per_row) * pf->stride +
-                                     64 * (l % per_row),
-                                 _MM_HINT_T1);
+    _Alignas(64) int32_t cs[2][4][MT * 16]; /* two batches' C tiles */
+    /* lines per unit in 16.16 fixed point, rounded up: the last unit
+     * reaches the last line */
+    const int64_t pf_step = pf ? ((pf->lines << 16) + nb - 1) / nb : 0;
+    const int64_t n_batch = (nb + per - 1) / per;
+    const __m512i no_aux = _mm512_setzero_si512();
+    for (int64_t bt = 0; bt <= n_batch; bt++) {
+        if (bt < n_batch) {
+            const int64_t i0 = bt * per;
+            const int n = nb - i0 < per ? (int)(nb - i0) : per;
+            for (int u = 0; u < n; u++) {
+                const int64_t b = unit_at(type, i0 + u);
+                unit_products(type, u, xq + 16 * QB * b,
+                              pk ? pk + b * PK_Q8_0 + 2 * NC : (const uint8_t *)panel[b].q);
             }
-            if (n_pend < 2 && !last) continue;
-            UNIT_PRODUCTS(type, xq, ldq, order[0], &panel[order[0]], 0, 1);
-            if (n_pend > 1) UNIT_PRODUCTS(type, xq, ldq, order[1], &panel[order[1]], 6, 7);
-            AMX_STORE(0, cs[0], 64);
-            if (type == NM_DTYPE_Q6_K) AMX_STORE(1, cs[1], 64);
-            if (n_pend > 1) {
-                AMX_STORE(6, cs[2], 64);
-                if (type == NM_DTYPE_Q6_K) AMX_STORE(7, cs[3], 64);
-            }
-            for (int i = 0; i < n_pend; i++)
-                unit_scale(type, cs[2 * i], cs[2 * i + 1], &panel[order[i]], xm + order[i], ldm,
-                           acc);
-            n_pend = 0;
+            for (int u = 0; u < n; u++)
+                unit_store(type, u, cs[bt % 2]);
+            if (pf) /* this batch's share of the next rows' lines (no division
+                       here: one cost more than a unit's tile products) */
+                for (int r = 0; r < pf->n_rows; r++)
+                    for (int64_t l = (i0 * pf_step) >> 16; l < ((i0 + n) * pf_step) >> 16; l++)
+                        _mm_prefetch((const char *)pf->p + r * pf->stride + 64 * l, _MM_HINT_T1);
         }
-    for (int r = 0; r < rows; r++)
-        _mm512_mask_storeu_ps(y + r * ldy, cmask, acc[r]);
+        if (bt == 0) continue;
+        const int64_t i0 = (bt - 1) * per;
+        const int n = nb - i0 < per ? (int)(nb - i0) : per;
+        for (int u = 0; u < n; u++) {
+            const int64_t b = unit_at(type, i0 + u);
+            const int32_t *c = cs[(bt - 1) % 2][type == NM_DTYPE_Q6_K ? 2 * u : u];
+            const __m512 ws =
+                pk ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk + b * PK_Q8_0)))
+                   : panel[b].s;
+            unit_scale(type, c, c + MT * 16, ws, pk ? no_aux : panel[b].aux, xm + 16 * b, acc);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MT; r++)
+        if (r < rows) _mm512_mask_storeu_ps(y + r * ldy, cmask, acc[r]);
 }
 
 /* Outputs [j, je) of w (one group of NC rows at most; returns je) for the
@@ -390,7 +480,9 @@ q_cols(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j, int64_t j1,
     const int64_t fetch_k = QB * units_per_fetch(type), nb = kn / QB;
     int32_t off[NC];
     const wrows rows = panel_rows(type, w, n_grouped, j, j1, k0, off);
-    fill_panel(type, &rows.src, kn / fetch_k, panel);
+    /* Q8_0's packed codes need no unpacking: no copy */
+    const uint8_t *pk = type == NM_DTYPE_Q8_0 ? rows.src.pk : NULL;
+    if (!pk) fill_panel(type, &rows.src, kn / fetch_k, panel);
     /* the next NC rows of the file (NC streams, which the
      * hardware prefetchers follow badly), or the next group of
      * the panel16 layout (one stream), during the first tile */
@@ -399,15 +491,14 @@ q_cols(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j, int64_t j1,
     const prefetch_rows next =
         jn < n_grouped ? (prefetch_rows){rows.wj + NC * w->row_bytes +
                                              NC * (size_t)(k0 / fetch_k) * fetch_bytes(type),
-                                         64 * ((int64_t)(NC * slice + 1023) / 1024),
-                                         (int64_t)(NC * slice + 1023) / 1024}
+                                         0, (int64_t)(NC * slice + 63) / 64, 1}
                        : (prefetch_rows){rows.wj + NC * w->row_bytes +
                                              (size_t)(k0 / fetch_k) * fetch_bytes(type),
-                                         (int64_t)w->row_bytes, (int64_t)(slice + 63) / 64};
+                                         (int64_t)w->row_bytes, (int64_t)(slice + 63) / 64, NC};
     const int pf_ok = jn < n_grouped || jn + NC <= j1;
     for (int64_t i = i0; i < i1; i += MT)
-        tile_q(type, panel, xq + (i - i0) * kn, kn, xm + (i - i0) * nb, nb, nb,
-               y + i * ldy + rows.jl, ldy, rows.cmask, k0 == 0, (int)(i1 - i < MT ? i1 - i : MT),
+        tile_q(type, panel, pk, xq + (i - i0) * kn, xm + (i - i0) * nb, nb, y + i * ldy + rows.jl,
+               ldy, rows.cmask, k0 == 0, (int)(i1 - i < MT ? i1 - i : MT),
                i == i0 && pf_ok ? &next : NULL);
     return rows.je;
 }
@@ -426,7 +517,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
             nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
     }
-    use_config(CFG_INT8);
+    use_config(type == NM_DTYPE_Q6_K ? CFG_INT8_HALF : CFG_INT8);
     const int64_t k = w->k;
     const int64_t fetch_k = QB * units_per_fetch(type);
     NM_ASSERT(k % fetch_k == 0);
@@ -449,7 +540,7 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
             const int64_t n_rows = (i1 - i0 + MT - 1) / MT * MT; /* whole tiles */
             int8_t *xq;
             nm_xblock *xm;
-            quantise_rows(type, x, ldx, i0, i1, n_rows, k0, kn, xbuf, &xq, &xm);
+            quantise_rows(type, x, ldx, i0, i1, n_rows, k0, kn, 1, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
                 const int64_t je =
                     q_cols(type, w, n_grouped, j, j1, k0, kn, i0, i1, xq, xm, panel, y, ldy);

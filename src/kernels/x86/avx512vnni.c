@@ -282,7 +282,7 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
             const int64_t i1 = i0 + rb < m ? i0 + rb : m;
             int8_t *xq;
             nm_xblock *xm;
-            quantise_rows(type, x, ldx, i0, i1, i1 - i0, k0, kn, xbuf, &xq, &xm);
+            quantise_rows(type, x, ldx, i0, i1, i1 - i0, k0, kn, 0, xbuf, &xq, &xm);
             for (int64_t j = j0; j < j1;) {
                 const int64_t je = col_group(type, w, n_grouped, j, j1, k0, kn, i0, i1, xq, xm,
                                              use_panel, panel, y, ldy);

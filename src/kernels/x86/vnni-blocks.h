@@ -49,10 +49,11 @@ typedef struct wsrc {
 
 /* ---- activation quantisation ---- */
 
-/* n (a multiple of QB) values of x into codes q[n] and blocks meta[n / QB]
- * for weights of type. */
-static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q,
-                                nm_xblock *meta) {
+/* n (a multiple of QB) values of x into codes and blocks for weights of
+ * type: block b's QB codes at q + b * q_step, its nm_xblock at meta[b *
+ * meta_step]. */
+static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, int64_t q_step,
+                                nm_xblock *meta, int64_t meta_step) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / QB; b++) {
         const __m512 v0 = _mm512_loadu_ps(x + QB * b), v1 = _mm512_loadu_ps(x + QB * b + 16);
@@ -69,8 +70,8 @@ static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t
         /* cvtps rounds to nearest even (the default MXCSR mode) */
         const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));
         const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
-        _mm_storeu_si128((__m128i *)(q + QB * b), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(q + QB * b + 16), _mm512_cvtepi32_epi8(q1));
+        _mm_storeu_si128((__m128i *)(q + q_step * b), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + q_step * b + 16), _mm512_cvtepi32_epi8(q1));
         const int32_t s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
         nm_xblock m = {.d = d};
         switch (type) {
@@ -90,21 +91,37 @@ static inline void quantise_row(uint32_t type, const float *x, int64_t n, int8_t
         default: /* Q4_K, Q5_K */
             m.f = -(d * (float)(s0 + s1));
         }
-        meta[b] = m;
+        meta[b * meta_step] = m;
     }
 }
 
-/* Rows [i0, i1) of x over [k0, k0 + kn) into buf: their codes (*xq, rows
- * of kn), then their blocks (*xm, rows of kn / QB), each part n_rows rows
- * long (n_rows >= i1 - i0); the rows past i1 - i0 are zeros. */
+/* Rows [i0, i1) of x over [k0, k0 + kn) into buf: their codes (*xq), then
+ * their blocks (*xm), each part n_rows rows long (n_rows >= i1 - i0); the
+ * rows past i1 - i0 are zeros. Row by row (rows of kn codes, of kn / QB
+ * blocks), or, tiled, by tiles of 16 rows (n_rows a multiple of 16) as
+ * AMX's A tiles read them: tile t's block b is its 16 rows' QB codes one
+ * after another at *xq + (t * nb + b) * 16 * QB, their blocks at *xm + (t *
+ * nb + b) * 16, nb = kn / QB. */
 static inline void quantise_rows(uint32_t type, const float *x, int64_t ldx, int64_t i0, int64_t i1,
-                                 int64_t n_rows, int64_t k0, int64_t kn, uint8_t *buf, int8_t **xq,
-                                 nm_xblock **xm) {
+                                 int64_t n_rows, int64_t k0, int64_t kn, int tiled, uint8_t *buf,
+                                 int8_t **xq, nm_xblock **xm) {
     const int64_t nb = kn / QB;
     *xq = (int8_t *)buf;
     *xm = (nm_xblock *)(buf + n_rows * kn);
+    if (tiled) {
+        NM_ASSERT(n_rows % 16 == 0);
+        memset(*xq + (i1 - i0) / 16 * 16 * kn, 0, (size_t)((n_rows - (i1 - i0) / 16 * 16) * kn));
+        memset(*xm + (i1 - i0) / 16 * 16 * nb, 0,
+               (size_t)(n_rows - (i1 - i0) / 16 * 16) * (size_t)nb * sizeof(nm_xblock));
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t t = (i - i0) / 16, r = (i - i0) % 16;
+            quantise_row(type, x + i * ldx + k0, kn, *xq + t * 16 * kn + r * QB, 16 * QB,
+                         *xm + t * 16 * nb + r, 16);
+        }
+        return;
+    }
     for (int64_t i = i0; i < i1; i++)
-        quantise_row(type, x + i * ldx + k0, kn, *xq + (i - i0) * kn, *xm + (i - i0) * nb);
+        quantise_row(type, x + i * ldx + k0, kn, *xq + (i - i0) * kn, QB, *xm + (i - i0) * nb, 1);
     memset(*xq + (i1 - i0) * kn, 0, (size_t)((n_rows - (i1 - i0)) * kn));
     memset(*xm + (i1 - i0) * nb, 0, (size_t)(n_rows - (i1 - i0)) * (size_t)nb * sizeof(nm_xblock));
 }
