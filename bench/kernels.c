@@ -8,7 +8,9 @@
  * only those, "all" for every one; MxNxK: that one shape instead, xE: over
  * E distinct matrices one after another, as a layer's experts), or
  * nm_bench_kernels REPS swiglu TYPE VARIANT MxNxK: gate and up as two
- * matmuls against the fused nm_matmul_swiglu_forward (bench_swiglu). */
+ * matmuls against the fused nm_matmul_swiglu_forward (bench_swiglu), or
+ * nm_bench_kernels REPS attention T HEADS KV HD: the blocked attention's
+ * 8- and 16-lane builds (bench_attention). */
 #include "kernels/kernels-impl.h"
 #include "peaks.h"
 #include "tensor/tensor.h"
@@ -256,8 +258,68 @@ static int bench_swiglu(int reps, const char *type_name, const char *isa_name, c
     return same ? 0 : 1;
 }
 
+/* nm_bench_kernels REPS attention T HEADS KV HD: the causal attention of
+ * a prefill of T positions (F32 cache, HEADS query and KV key-value heads
+ * of HD) in calls of nm_attention_rows_per_call rows as the engine makes
+ * them, by the blocked kernel's 8-lane and 16-lane builds alternated rep by
+ * rep on one thread; checks the same bits; prints the medians of the
+ * thread's CPU ms and their ratio. */
+static int bench_attention(int reps, int argc, char **argv) {
+    int t = 0, nh = 0, nkv = 0, hd = 0;
+    if (argc != 7 || (t = atoi(argv[3])) < 1 || t > 65536 || (nh = atoi(argv[4])) < 1 ||
+        (nkv = atoi(argv[5])) < 1 || nh % nkv != 0 || (hd = atoi(argv[6])) < 1 ||
+        hd > NM_ATTENTION_HEAD_DIM_MAX || reps < 1 ||
+        !nm_kernels_isa_supported(NM_KERNELS_AVX512)) {
+        fprintf(stderr,
+                "usage: nm_bench_kernels REPS attention T HEADS KV HD (HEADS a multiple "
+                "of KV, HD <= %d; needs AVX-512)\n",
+                NM_ATTENTION_HEAD_DIM_MAX);
+        return 2;
+    }
+    const int64_t qd = (int64_t)nh * hd, kd = (int64_t)nkv * hd;
+    float *q = malloc((size_t)(t * qd) * sizeof(float)),
+          *kv = malloc((size_t)(t * kd) * sizeof(float));
+    float *o8 = malloc((size_t)(t * qd) * sizeof(float)),
+          *o16 = malloc((size_t)(t * qd) * sizeof(float));
+    int32_t *kv0 = calloc((size_t)t, sizeof(int32_t)), *n_kv = malloc((size_t)t * sizeof(int32_t));
+    double *t1 = malloc((size_t)reps * sizeof(double)), *t2 = malloc((size_t)reps * sizeof(double));
+    for (int64_t i = 0; i < t * qd; i++)
+        q[i] = frand();
+    for (int64_t i = 0; i < t * kd; i++)
+        kv[i] = frand();
+    for (int i = 0; i < t; i++)
+        n_kv[i] = i + 1;
+    const int32_t per = nm_attention_rows_per_call(nh, nkv);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int r = -1; r < reps; r++) { /* one untimed round first */
+        double t0 = cpu_now();
+        for (int32_t i = 0; i < t; i += per)
+            nm_attention_blocked_forward(q + i * qd, qd, kv, kv, false, kd, kv0 + i, n_kv + i,
+                                         t - i < per ? t - i : per, nh, nkv, hd, scale, NULL,
+                                         o8 + i * qd, qd);
+        const double a = cpu_now() - t0;
+        t0 = cpu_now();
+        for (int32_t i = 0; i < t; i += per)
+            nm_attention_blocked16_forward(q + i * qd, qd, kv, kv, false, kd, kv0 + i, n_kv + i,
+                                           t - i < per ? t - i : per, nh, nkv, hd, scale, NULL,
+                                           o16 + i * qd, qd);
+        const double b = cpu_now() - t0;
+        if (r >= 0) t1[r] = a * 1e3, t2[r] = b * 1e3;
+    }
+    const int same = memcmp(o8, o16, (size_t)(t * qd) * sizeof(float)) == 0;
+    qsort(t1, (size_t)reps, sizeof *t1, cmp_double);
+    qsort(t2, (size_t)reps, sizeof *t2, cmp_double);
+    printf("| attention | T %d, %d/%d heads x %d, %d rows a call | 8 lanes %.3f ms | 16 lanes %.3f "
+           "ms | %.2fx | %s |\n",
+           t, nh, nkv, hd, per, t1[reps / 2], t2[reps / 2], t1[reps / 2] / t2[reps / 2],
+           same ? "same bits" : "BITS DIFFER");
+    free(q), free(kv), free(o8), free(o16), free(kv0), free(n_kv), free(t1), free(t2);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (argc > 2 && strcmp(argv[2], "attention") == 0) return bench_attention(reps, argc, argv);
     if (argc > 2 && strcmp(argv[2], "swiglu") == 0)
         return bench_swiglu(reps, argc > 3 ? argv[3] : "", argc > 4 ? argv[4] : "",
                             argc > 5 ? argv[5] : "");

@@ -23,6 +23,8 @@ function(nm_set_kernel_flags)
     # the blocked attention runs under avx2 and every AVX-512 variant
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/attention.c PROPERTIES
                                 COMPILE_OPTIONS "-mavx2;-mfma;-mf16c${no_san}")
+    set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/attention-avx512.c PROPERTIES
+                                COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c${no_san}")
     # no -mfma: its multiplies and adds must stay apart, as ref.c's
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/swiglu.c PROPERTIES
                                 COMPILE_OPTIONS "-mavx2${no_san}")

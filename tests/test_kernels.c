@@ -583,6 +583,50 @@ static void test_attention_rows(void) {
     CHECK_INT_EQ(nm_attention_rows_per_call(12, 4), 10);
 }
 
+/* The blocked attention's two builds, 8 and 16 lanes, give the same bits
+ * whichever the dispatcher picks on this CPU: called directly over the
+ * same rows (GQA groups whose queries fill one, two or more vectors of
+ * either width, F32 and F16 caches, windows and sinks). */
+static void test_attention_widths(void) {
+#if defined(__x86_64__)
+    if (!nm_kernels_isa_supported(NM_KERNELS_AVX512)) {
+        printf("16-lane attention: no AVX-512 here, skipped\n");
+        return;
+    }
+    enum { KV = 2, HD = 72, ROWS = 9, PAST = 23, POS = PAST + ROWS };
+    static const int groups[] = {1, 3, 8, 16};
+    static float q[ROWS * KV * 16 * HD], k[POS * KV * HD], v[POS * KV * HD], sinks[KV * 16];
+    static float o8[ROWS * KV * 16 * HD], o16[ROWS * KV * 16 * HD];
+    static uint16_t kh[POS * KV * HD], vh[POS * KV * HD];
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        q[i] = frand();
+    for (int i = 0; i < POS * KV * HD; i++) {
+        k[i] = frand(), v[i] = frand();
+        kh[i] = nm_f32_to_f16(k[i]), vh[i] = nm_f32_to_f16(v[i]);
+    }
+    for (int h = 0; h < KV * 16; h++)
+        sinks[h] = frand();
+    for (int c = 0; c < 16; c++) {
+        const int group = groups[c % 4], n_head = KV * group, n_rows = 1 + (c * 5) % ROWS;
+        const bool half = c % 2, windowed = c % 3 == 1;
+        int32_t kv0[ROWS], n_kv[ROWS];
+        for (int r = 0; r < n_rows; r++) {
+            n_kv[r] = PAST + r + 1;
+            kv0[r] = windowed ? n_kv[r] - 7 : 0;
+        }
+        const void *kc = half ? (const void *)kh : (const void *)k;
+        const void *vc = half ? (const void *)vh : (const void *)v;
+        const float *sk = c % 5 == 3 ? sinks : NULL;
+        const int64_t ld = (int64_t)n_head * HD;
+        nm_attention_blocked_forward(q, ld, kc, vc, half, KV * HD, kv0, n_kv, n_rows, n_head, KV,
+                                     HD, 0.2f, sk, o8, ld);
+        nm_attention_blocked16_forward(q, ld, kc, vc, half, KV * HD, kv0, n_kv, n_rows, n_head, KV,
+                                       HD, 0.2f, sk, o16, ld);
+        CHECK(memcmp(o8, o16, (size_t)(n_rows * ld) * sizeof(float)) == 0);
+    }
+#endif
+}
+
 typedef struct pool_ctx {
     atomic_int hits[1000];
     atomic_int threads_seen;
@@ -630,6 +674,7 @@ int main(void) {
     test_swiglu_bits();
     test_attention();
     test_attention_rows();
+    test_attention_widths();
     test_pool();
     return nm_test_finish("test_kernels");
 }

@@ -345,6 +345,23 @@ static bool blocked_attention(int head_dim) {
 #endif
 }
 
+/* Whether the blocked attention takes 16-lane vectors (the same bits as 8):
+ * under the AVX-512 variants on Intel CPUs, whose two 512-bit FMA pipes do
+ * twice the work of 8-lane ones (docs/PERFORMANCE.md), for more than 8
+ * queries per KV head (a decode step's 8 fill an 8-lane vector). Zen 4
+ * splits a 512-bit FMA in two and keeps 8 lanes (the 16-lane build was not
+ * measured there). */
+static bool wide_attention(int32_t n_rows, int n_head, int n_head_kv) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return nm_kernels_active() >= NM_KERNELS_AVX512 && __builtin_cpu_is("intel") &&
+           (int64_t)n_rows * (n_head / n_head_kv) > 8;
+#else
+    (void)n_rows, (void)n_head, (void)n_head_kv;
+    return false;
+#endif
+}
+
 /* The reference, a row at a time: the window is an offset into the cache,
  * where it sees positions kv0 .. n_kv - 1 as its 0 .. n_kv - kv0 - 1. */
 static void rows_ref(const float *q, int64_t ldq, const void *k_cache, const void *v_cache,
@@ -374,8 +391,14 @@ static void attention_rows(const float *q, int64_t ldq, const void *k_cache, con
                            const float *sinks, float *out, int64_t ldo, float *scores) {
 #if defined(__x86_64__)
     if (blocked_attention(head_dim)) {
-        nm_attention_blocked_forward(q, ldq, k_cache, v_cache, half, kv_stride, kv0, n_kv, n_rows,
-                                     n_head, n_head_kv, head_dim, scale, sinks, out, ldo);
+        if (wide_attention(n_rows, n_head, n_head_kv))
+            nm_attention_blocked16_forward(q, ldq, k_cache, v_cache, half, kv_stride, kv0, n_kv,
+                                           n_rows, n_head, n_head_kv, head_dim, scale, sinks, out,
+                                           ldo);
+        else
+            nm_attention_blocked_forward(q, ldq, k_cache, v_cache, half, kv_stride, kv0, n_kv,
+                                         n_rows, n_head, n_head_kv, head_dim, scale, sinks, out,
+                                         ldo);
         return;
     }
 #endif

@@ -237,6 +237,13 @@ void nm_attention_blocked_forward(const float *q, int64_t ldq, const void *k_cac
                                   const int32_t *kv0, const int32_t *n_kv, int32_t n_rows,
                                   int n_head, int n_head_kv, int head_dim, float scale,
                                   const float *sinks, float *out, int64_t ldo);
+/* The same with 16-lane vectors (x86/attention-avx512.c, the same bits),
+ * for the AVX-512 variants. */
+void nm_attention_blocked16_forward(const float *q, int64_t ldq, const void *k_cache,
+                                    const void *v_cache, bool half, int64_t kv_stride,
+                                    const int32_t *kv0, const int32_t *n_kv, int32_t n_rows,
+                                    int n_head, int n_head_kv, int head_dim, float scale,
+                                    const float *sinks, float *out, int64_t ldo);
 #endif
 
 #endif /* NM_KERNELS_IMPL_H */

@@ -1,67 +1,81 @@
 /* Attention that streams keys and values in blocks with an online softmax,
  * for the AVX2 and AVX-512 variants: the queries that share a KV head (its
- * heads, times one or more rows of a sequence) lie in the lanes of 8-float
- * vectors, so each key and value element is loaded once per 16 queries and
- * broadcast against them, and no row of scores per head is materialised.
- * Not here: the reference (ref/ref.c), which the tests compare it with.
- * Compiled with -mavx2 -mfma -mf16c for both variants: Zen 4 runs a 512-bit
- * FMA as two 256-bit halves, so 8-lane vectors give it the same FLOPs per
- * cycle, and a decode step's 8 queries per KV head (Qwen3) fill one. */
+ * heads, times one or more rows of a sequence) lie in the lanes of float
+ * vectors, so each key and value element is loaded once per pass of
+ * queries and broadcast against them, and no row of scores per head is
+ * materialised. Not here: the reference (ref/ref.c), which the tests
+ * compare it with.
+ *
+ * Built twice from this source (attention-vec.h): with 8-lane vectors
+ * (-mavx2 -mfma -mf16c; nm_attention_blocked_forward) and, by
+ * attention-avx512.c, with 16 (nm_attention_blocked16_forward). A lane
+ * does the same operations in both, so they give the same bits; the
+ * 16-lane build doubles the FMAs per instruction where the core has two
+ * 512-bit FMA pipes (Intel's Xeons; Zen 4 splits a 512-bit FMA in two, so
+ * it gains nothing there), and the dispatcher gives it passes of more than
+ * 16 queries (a decode step's 8 queries per KV head fill an 8-lane
+ * vector). */
 #if defined(__x86_64__)
 #include "kernels/kernels-impl.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#ifndef NM_ATTN_LANES
+#define NM_ATTN_LANES 8
+#endif
+#include "attention-vec.h"
+
+#if NM_ATTN_LANES == 16
+#define ATTN_FORWARD nm_attention_blocked16_forward
+#else
+#define ATTN_FORWARD nm_attention_blocked_forward
+#endif
 
 /* A pass holds PASS_LANES queries (two vectors); keys come KEY_BLOCK at a
  * time, at positions that are multiples of KEY_BLOCK, whatever the rows of
  * the call: a query's bits depend on its own positions only. */
-enum { LANES = 8, PASS_LANES = 16, KEY_BLOCK = 16 };
+enum { PASS_LANES = 2 * LANES, KEY_BLOCK = 16 };
 _Static_assert(NM_ATTENTION_HEAD_DIM_MAX == 576, "the pass scratch below is sized for it");
 
-/* One pass's state, on the calling thread's stack (about 145 KiB). */
+/* One pass's state, on the calling thread's stack (about 145 KiB with 8
+ * lanes, 220 KiB with 16). */
 typedef struct pass_scratch {
-    _Alignas(32) float qt[NM_ATTENTION_HEAD_DIM_MAX * PASS_LANES]; /* [head_dim][16] queries^T */
-    float ot[NM_ATTENTION_HEAD_DIM_MAX * PASS_LANES]; /* [head_dim][16] unnormalised outputs */
-    float p[KEY_BLOCK * PASS_LANES];                  /* [KEY_BLOCK][16] scores, then weights */
-    float kb[KEY_BLOCK * NM_ATTENTION_HEAD_DIM_MAX];  /* [KEY_BLOCK][head_dim] F16 keys widened */
-    float vb[KEY_BLOCK * NM_ATTENTION_HEAD_DIM_MAX];  /* [KEY_BLOCK][head_dim] F16 values */
-    float m[PASS_LANES];                              /* running maximum per query */
-    float l[PASS_LANES];                              /* running denominator per query */
-    float alpha[PASS_LANES];                          /* this block's rescale of ot and l */
-    int32_t lo[PASS_LANES], hi[PASS_LANES];           /* keys [lo, hi) per query */
+    _Alignas(64) float qt[NM_ATTENTION_HEAD_DIM_MAX * PASS_LANES]; /* [head_dim][P] queries^T */
+    _Alignas(64) float ot[NM_ATTENTION_HEAD_DIM_MAX * PASS_LANES]; /* [head_dim][P] outputs */
+    _Alignas(64) float p[KEY_BLOCK * PASS_LANES];    /* [KEY_BLOCK][P] scores, then weights */
+    float kb[KEY_BLOCK * NM_ATTENTION_HEAD_DIM_MAX]; /* [KEY_BLOCK][head_dim] F16 keys widened */
+    float vb[KEY_BLOCK * NM_ATTENTION_HEAD_DIM_MAX]; /* [KEY_BLOCK][head_dim] F16 values */
+    _Alignas(64) float m[PASS_LANES];                /* running maximum per query */
+    _Alignas(64) float l[PASS_LANES];                /* running denominator per query */
+    _Alignas(64) float alpha[PASS_LANES];            /* this block's rescale of ot and l */
+    int32_t lo[PASS_LANES], hi[PASS_LANES];          /* keys [lo, hi) per query */
 } pass_scratch;
 
 /* e^x for x <= 0 (e^-inf = 0), within about 2 ulp: x = n ln2 + r with |r|
  * <= ln2 / 2, e^r by its Taylor polynomial of degree 7 (truncation below
  * 1e-8 relative), then 2^n put into the exponent. Below -87, where e^x is
  * no longer a normal float, it gives 0. e^0 is exactly 1. */
-ALWAYS_INLINE __m256 exp_nonpos(__m256 x) {
-    const __m256 lim = _mm256_set1_ps(-87.0f);
-    const __m256 under = _mm256_cmp_ps(x, lim, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lim);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+ALWAYS_INLINE vf exp_nonpos(vf x) {
+    const vf lim = vf_set1(-87.0f);
+    const vm under = vf_lt(x, lim);
+    x = vf_max(x, lim);
+    const vf n = vf_round(vf_mul(x, vf_set1(1.44269504f)));
     /* ln 2 in two parts: the first has 16 significant bits, so n * it is exact */
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    vf r = vf_fnma(n, vf_set1(0.693145751953125f), x);
+    r = vf_fnma(n, vf_set1(1.42860682030941723e-6f), r);
+    vf p = vf_set1(1.0f / 5040.0f);
+    p = vf_fma(p, r, vf_set1(1.0f / 720.0f));
+    p = vf_fma(p, r, vf_set1(1.0f / 120.0f));
+    p = vf_fma(p, r, vf_set1(1.0f / 24.0f));
+    p = vf_fma(p, r, vf_set1(1.0f / 6.0f));
+    p = vf_fma(p, r, vf_set1(0.5f));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    return vf_zero_where(under, vf_mul(p, vf_pow2i(n)));
 }
 
 /* The micro-kernel of both products, c[i][lane] (+)= sum_t a[i * ai + t *
@@ -72,28 +86,27 @@ ALWAYS_INLINE __m256 exp_nonpos(__m256 x) {
  * b = the weights, c = the outputs so far, rescaled by alpha first when
  * rescale. */
 ALWAYS_INLINE void bcast_tile(int nv, int ni, const float *a, int64_t ai, int64_t at,
-                              const float *b, int nt, bool accumulate, const __m256 *alpha,
+                              const float *b, int nt, bool accumulate, const vf *alpha,
                               bool rescale, float *c) {
-    __m256 acc[8][2];
+    vf acc[8][2];
     for (int i = 0; i < ni; i++)
         for (int v = 0; v < nv; v++) {
-            acc[i][v] =
-                accumulate ? _mm256_load_ps(c + i * PASS_LANES + LANES * v) : _mm256_setzero_ps();
-            if (accumulate && rescale) acc[i][v] = _mm256_mul_ps(acc[i][v], alpha[v]);
+            acc[i][v] = accumulate ? vf_load(c + i * PASS_LANES + LANES * v) : vf_zero();
+            if (accumulate && rescale) acc[i][v] = vf_mul(acc[i][v], alpha[v]);
         }
     for (int t = 0; t < nt; t++) {
-        __m256 bv[2];
+        vf bv[2];
         for (int v = 0; v < nv; v++)
-            bv[v] = _mm256_load_ps(b + t * PASS_LANES + LANES * v);
+            bv[v] = vf_load(b + t * PASS_LANES + LANES * v);
         for (int i = 0; i < ni; i++) {
-            const __m256 x = _mm256_broadcast_ss(a + i * ai + t * at);
+            const vf x = vf_bcast(a + i * ai + t * at);
             for (int v = 0; v < nv; v++)
-                acc[i][v] = _mm256_fmadd_ps(x, bv[v], acc[i][v]);
+                acc[i][v] = vf_fma(x, bv[v], acc[i][v]);
         }
     }
     for (int i = 0; i < ni; i++)
         for (int v = 0; v < nv; v++)
-            _mm256_store_ps(c + i * PASS_LANES + LANES * v, acc[i][v]);
+            vf_store(c + i * PASS_LANES + LANES * v, acc[i][v]);
 }
 
 /* The online softmax over one block of nk keys from position kb: masks the
@@ -103,40 +116,35 @@ ALWAYS_INLINE void bcast_tile(int nv, int ni, const float *a, int64_t ai, int64_
  * some alpha is not 1 (a rescale by 1 changes nothing, so it is skipped). */
 ALWAYS_INLINE bool softmax_block(int nv, pass_scratch *s, int32_t kb, int nk, float scale) {
     bool rescale = false;
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const vf ninf = vf_set1(-INFINITY);
     for (int c = 0; c < nv; c++) {
-        const __m256i lo = _mm256_loadu_si256((const __m256i *)(s->lo + LANES * c));
-        const __m256i hi = _mm256_loadu_si256((const __m256i *)(s->hi + LANES * c));
-        const __m256 m_old = _mm256_load_ps(s->m + LANES * c);
-        __m256 mx = m_old;
+        const vi lo = vi_loadu(s->lo + LANES * c);
+        const vi hi = vi_loadu(s->hi + LANES * c);
+        const vf m_old = vf_load(s->m + LANES * c);
+        vf mx = m_old;
         for (int k = 0; k < nk; k++) {
             float *pk = s->p + k * PASS_LANES + LANES * c;
-            const __m256i pos = _mm256_set1_epi32(kb + k);
-            const __m256i keep =
-                _mm256_andnot_si256(_mm256_cmpgt_epi32(lo, pos), _mm256_cmpgt_epi32(hi, pos));
-            const __m256 sc =
-                _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_load_ps(pk), _mm256_set1_ps(scale)),
-                                 _mm256_castsi256_ps(keep));
-            _mm256_store_ps(pk, sc);
-            mx = _mm256_max_ps(mx, sc);
+            const vm keep = vi_within(lo, hi, vi_set1(kb + k));
+            const vf sc = vf_blend(keep, ninf, vf_mul(vf_load(pk), vf_set1(scale)));
+            vf_store(pk, sc);
+            mx = vf_max(mx, sc);
         }
         /* a query with no key yet keeps m = -inf: its weights are e^-inf = 0 */
-        const __m256 none = _mm256_cmp_ps(mx, ninf, _CMP_EQ_OQ);
-        const __m256 base = _mm256_blendv_ps(mx, _mm256_setzero_ps(), none);
+        const vm none = vf_eq(mx, ninf);
+        const vf base = vf_blend(none, mx, vf_zero());
         /* (its ot and l are 0: any alpha will do, and 1 lets the rescale be skipped) */
-        const __m256 alpha =
-            _mm256_blendv_ps(exp_nonpos(_mm256_sub_ps(m_old, base)), _mm256_set1_ps(1.0f), none);
-        __m256 l = _mm256_mul_ps(_mm256_load_ps(s->l + LANES * c), alpha);
+        const vf alpha = vf_blend(none, exp_nonpos(vf_sub(m_old, base)), vf_set1(1.0f));
+        vf l = vf_mul(vf_load(s->l + LANES * c), alpha);
         for (int k = 0; k < nk; k++) {
             float *pk = s->p + k * PASS_LANES + LANES * c;
-            const __m256 w = exp_nonpos(_mm256_sub_ps(_mm256_load_ps(pk), base));
-            _mm256_store_ps(pk, w);
-            l = _mm256_add_ps(l, w);
+            const vf w = exp_nonpos(vf_sub(vf_load(pk), base));
+            vf_store(pk, w);
+            l = vf_add(l, w);
         }
-        _mm256_store_ps(s->l + LANES * c, l);
-        _mm256_store_ps(s->m + LANES * c, mx);
-        _mm256_store_ps(s->alpha + LANES * c, alpha);
-        rescale |= _mm256_movemask_ps(_mm256_cmp_ps(alpha, _mm256_set1_ps(1.0f), _CMP_NEQ_UQ)) != 0;
+        vf_store(s->l + LANES * c, l);
+        vf_store(s->m + LANES * c, mx);
+        vf_store(s->alpha + LANES * c, alpha);
+        rescale |= vm_any(vf_neq(alpha, vf_set1(1.0f)));
     }
     return rescale;
 }
@@ -148,7 +156,7 @@ static void widen_rows(const uint16_t *src, int64_t kv_stride, int nk, int hd, f
         float *out = dst + (size_t)k * (size_t)hd;
         int d = 0;
         for (; d + LANES <= hd; d += LANES)
-            _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + d))));
+            vf_storeu(out + d, vf_from_half(row + d));
         for (; d < hd; d++)
             out[d] = nm_f16_to_f32(row[d]);
     }
@@ -166,7 +174,7 @@ ALWAYS_INLINE void attend_block(int nv, pass_scratch *s, const float *k, int64_t
     for (; i < nk; i++)
         bcast_tile(nv, 1, k + i * ks, ks, 1, s->qt, hd, false, NULL, false, s->p + i * PASS_LANES);
     const bool rescale = softmax_block(nv, s, kb, nk, scale);
-    const __m256 alpha[2] = {_mm256_load_ps(s->alpha), _mm256_load_ps(s->alpha + LANES)};
+    const vf alpha[2] = {vf_load(s->alpha), vf_load(s->alpha + LANES)};
     const int dt = nv == 2 ? 4 : 8;
     int d = 0;
     for (; d + dt <= hd; d += dt)
@@ -244,11 +252,10 @@ static void attend_pass(const attn_call *a, int kvh, int64_t j0, int nl, pass_sc
     }
 }
 
-void nm_attention_blocked_forward(const float *q, int64_t ldq, const void *k_cache,
-                                  const void *v_cache, bool half, int64_t kv_stride,
-                                  const int32_t *kv0, const int32_t *n_kv, int32_t n_rows,
-                                  int n_head, int n_head_kv, int head_dim, float scale,
-                                  const float *sinks, float *out, int64_t ldo) {
+void ATTN_FORWARD(const float *q, int64_t ldq, const void *k_cache, const void *v_cache, bool half,
+                  int64_t kv_stride, const int32_t *kv0, const int32_t *n_kv, int32_t n_rows,
+                  int n_head, int n_head_kv, int head_dim, float scale, const float *sinks,
+                  float *out, int64_t ldo) {
     NM_ASSERT(n_head % n_head_kv == 0 && head_dim <= NM_ATTENTION_HEAD_DIM_MAX);
     for (int32_t r = 0; r < n_rows; r++)
         NM_ASSERT(kv0[r] >= 0 && kv0[r] < n_kv[r]);
