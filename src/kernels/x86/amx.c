@@ -15,16 +15,18 @@
  * accumulation order (not that of vdpbf16ps) makes it. So the bits do not
  * depend on m or [j0, j1), but they are not avx512bf16's.
  *
- * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4 weights: the activations quantised
- * to int8 blocks as avx512vnni does (vnni-blocks.h), as tile A (16 rows x
- * one block of 32 codes); the weights unpacked as avx512vnni unpacks them, NC = 16
+ * Q8_0, Q4_0, Q4_K, Q5_K, MXFP4 weights: the activations quantised to int8
+ * blocks as avx512vnni does (vnni-blocks.h), as tile A (16 rows x one block
+ * of 32 codes); the weights unpacked as avx512vnni unpacks them, NC = 16
  * rows per panel, which is tile B (8 rows x 16 outputs x 4 codes). One tile
- * product per unit of 32 weights (Q6_K: two, one per half, each with its
- * scale) gives the exact int32 sums that vpdpbusd gives, and the scales are
- * applied outside the tile with the FMAs of avx512vnni in its order: the
- * outputs are avx512vnni's, bit for bit. So a product of fewer than
- * AMX_MIN_ROWS rows (decode) may go to avx512vnni itself, and a last tile
- * of fewer than 16 rows is filled with rows of zero codes. */
+ * product per unit of 32 weights gives the exact int32 sums that vpdpbusd
+ * gives, and the scales are applied outside the tile with the FMAs of
+ * avx512vnni in its order: the outputs are avx512vnni's, bit for bit. So
+ * the products where the tiles do not pay go to avx512vnni itself: fewer
+ * than AMX_MIN_ROWS rows (decode), and Q6_K weights, whose sub-blocks of 16
+ * would take two tile products and two C tiles per unit (slower than
+ * avx512vnni at every shape measured, docs/PERFORMANCE.md); a last tile of
+ * fewer than 16 rows is filled with rows of zero codes. */
 #if defined(__x86_64__)
 #include "vnni-blocks.h"
 
@@ -38,20 +40,16 @@
 
 /* Tiles. BF16: C 0-3 (16 x 16 FP32), A 4-5 (16 rows x 32 BF16), B 6-7
  * (16 pairs x 16 columns). Int8: C 0, 1, 6, 7 (16 x 16 int32: a batch of
- * four units' sums; Q6_K: two units, a tile per half); A 2 and 4 (16 rows
- * x 32 codes; Q6_K: x 16), B 3 and 5 (8 rows x 16 x 4 codes; Q6_K: 4
- * rows), used by alternate units (Q6_K: halves). */
-enum { CFG_BF16 = 0, CFG_INT8 = 1, CFG_INT8_HALF = 2 };
-static const nm_amx_cfg configs[3] = {
+ * four units' sums); A 2 and 4 (16 rows x 32 codes), B 3 and 5 (8 rows x
+ * 16 x 4 codes), used by alternate units. */
+enum { CFG_BF16 = 0, CFG_INT8 = 1 };
+static const nm_amx_cfg configs[2] = {
     [CFG_BF16] = {.palette = 1,
                   .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
                   .rows = {16, 16, 16, 16, 16, 16, 16, 16}},
     [CFG_INT8] = {.palette = 1,
                   .colsb = {64, 64, 32, 64, 32, 64, 64, 64},
                   .rows = {16, 16, 16, 8, 16, 8, 16, 16}},
-    [CFG_INT8_HALF] = {.palette = 1,
-                       .colsb = {64, 64, 16, 64, 16, 64, 64, 64},
-                       .rows = {16, 16, 16, 4, 16, 4, 16, 16}},
 };
 
 /* The configuration this thread loaded last (-1: none yet): each thread
@@ -287,34 +285,18 @@ enum { KC = 4096, XBUF_BYTES = 160 * 1024, MT = 16, PK_Q8_0 = NC * NM_Q8_0_BYTES
  * docs/PERFORMANCE.md); more fill the last tile with rows of zeros. */
 enum { AMX_MIN_ROWS = 12 };
 
-/* acc[r] += a unit's sums (cs: its C tile as int32 [r][lane]; Q6_K: cs2
- * the second half's) scaled as avx512vnni's unit_dot scales them, in its
- * order (Q6_K: the two halves' scaled sums in float, exact); ws, aux: the
- * unit's weight scales (as wpanel_block's s, aux); xm: the 16 rows'
- * activation blocks. */
+/* acc[r] += a unit's sums (cs: its C tile as int32 [r][lane]) scaled as
+ * avx512vnni's unit_dot scales them, in its order; ws, aux: the unit's
+ * weight scales (as wpanel_block's s, aux); xm: the 16 rows' activation
+ * blocks. */
 static inline __attribute__((always_inline)) void unit_scale(uint32_t type, const int32_t *cs,
-                                                             const int32_t *cs2, __m512 ws,
-                                                             __m512i aux, const nm_xblock *xm,
-                                                             __m512 *acc) {
-    __m512 s1 = _mm512_setzero_ps(), s2 = s1;
-    if (type == NM_DTYPE_Q6_K) {
-        s1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(aux, 16), 16));
-        s2 = _mm512_cvtepi32_ps(_mm512_srai_epi32(aux, 16));
-    }
+                                                             __m512 ws, __m512i aux,
+                                                             const nm_xblock *xm, __m512 *acc) {
 #pragma GCC unroll 16
     for (int r = 0; r < MT; r++) {
         const nm_xblock *xb = &xm[r];
-        const __m512i d1 =
-            _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c));
-        __m512 dot;
-        if (type == NM_DTYPE_Q6_K) {
-            const __m512i d2 =
-                _mm512_add_epi32(_mm512_load_si512(cs2 + 16 * r), _mm512_set1_epi32(xb->c2));
-            dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d2), s2,
-                                  _mm512_mul_ps(_mm512_cvtepi32_ps(d1), s1));
-        } else {
-            dot = _mm512_cvtepi32_ps(d1);
-        }
+        const __m512 dot = _mm512_cvtepi32_ps(
+            _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c)));
         acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(xb->d)), acc[r]);
         if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
             acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(aux), _mm512_set1_ps(xb->f), acc[r]);
@@ -331,21 +313,11 @@ static inline __attribute__((always_inline)) void unit_scale(uint32_t type, cons
         AMX_DPBSUD(c, a, b);                                                                       \
     } while (0)
 
-/* The tile products of a unit (weight codes q, as wpanel_block's q[8]) into
- * the C tiles of slot `slot` of a batch (tile numbers must be constants,
+/* The tile product of a unit (weight codes q, as wpanel_block's q[8]) into
+ * the C tile of slot `slot` of a batch (tile numbers must be constants,
  * hence the switch). */
-static inline __attribute__((always_inline)) void unit_products(uint32_t type, int slot,
-                                                                const int8_t *x, const uint8_t *q) {
-    if (type == NM_DTYPE_Q6_K) {
-        if (slot == 0) {
-            TILE_PRODUCT(0, 2, 3, x, q);
-            TILE_PRODUCT(1, 4, 5, x + 16, q + 64 * 4);
-        } else {
-            TILE_PRODUCT(6, 2, 3, x, q);
-            TILE_PRODUCT(7, 4, 5, x + 16, q + 64 * 4);
-        }
-        return;
-    }
+static inline __attribute__((always_inline)) void unit_product(int slot, const int8_t *x,
+                                                               const uint8_t *q) {
     switch (slot) {
     case 0:
         TILE_PRODUCT(0, 2, 3, x, q);
@@ -361,20 +333,8 @@ static inline __attribute__((always_inline)) void unit_products(uint32_t type, i
     }
 }
 
-/* The C tiles of slot `slot` to cs[slot] (Q6_K: its two halves to
- * cs[2 slot] and cs[2 slot + 1]). */
-static inline __attribute__((always_inline)) void unit_store(uint32_t type, int slot,
-                                                             int32_t (*cs)[MT * 16]) {
-    if (type == NM_DTYPE_Q6_K) {
-        if (slot == 0) {
-            AMX_STORE(0, cs[0], 64);
-            AMX_STORE(1, cs[1], 64);
-        } else {
-            AMX_STORE(6, cs[2], 64);
-            AMX_STORE(7, cs[3], 64);
-        }
-        return;
-    }
+/* The C tile of slot `slot` to cs[slot]. */
+static inline __attribute__((always_inline)) void unit_store(int slot, int32_t (*cs)[MT * 16]) {
     switch (slot) {
     case 0:
         AMX_STORE(0, cs[0], 64);
@@ -399,14 +359,6 @@ typedef struct prefetch_rows {
     int n_rows;
 } prefetch_rows;
 
-/* The i-th unit of a slice in avx512vnni's order. */
-static inline int64_t unit_at(uint32_t type, int64_t i) {
-    const int g_units = units_per_fetch(type);
-    if (g_units == 1) return i;
-    const int ui = (int)(i % g_units);
-    return i - ui + kq_unit(type, ui / 2, ui % 2);
-}
-
 /* MT activation rows (a tile of quantise_rows' tiled layout: codes xq,
  * blocks xm) x the NC rows of panel over nb units (or, pk set, of the Q8_0
  * group of the panel16 layout at pk, read in place: its codes are B tiles
@@ -414,7 +366,8 @@ static inline int64_t unit_at(uint32_t type, int64_t i) {
  * (the others are zeros in xq and xm); pf: the next panel's weights,
  * prefetched meanwhile (or NULL).
  *
- * The units go in batches of four (Q6_K: two), one per C tile (pair): a
+ * The units go in ascending order, avx512vnni's for these types (it
+ * reorders Q6_K's only), in batches of four, one per C tile: a
  * batch's products are issued and its C tiles stored, then the batch
  * before is scaled. The vector loads of a C tile's sums wait until its
  * store retires, which waits for every tile product before it in program
@@ -425,29 +378,29 @@ static inline __attribute__((always_inline)) void tile_q(uint32_t type, const wp
                                                          const nm_xblock *xm, int64_t nb, float *y,
                                                          int64_t ldy, __mmask16 cmask, int first,
                                                          int rows, const prefetch_rows *pf) {
-    const int per = type == NM_DTYPE_Q6_K ? 2 : 4;
-    __m512 acc[MT]; /* the row loops are unrolled: gcc otherwise kept acc[] on the stack */
+    enum { PER = 4 }; /* units per batch */
+    __m512 acc[MT];   /* the row loops are unrolled: gcc otherwise kept acc[] on the stack */
 #pragma GCC unroll 16
     for (int r = 0; r < MT; r++)
         acc[r] =
             first || r >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cmask, y + r * ldy);
-    _Alignas(64) int32_t cs[2][4][MT * 16]; /* two batches' C tiles */
+    _Alignas(64) int32_t cs[2][PER][MT * 16]; /* two batches' C tiles */
     /* lines per unit in 16.16 fixed point, rounded up: the last unit
      * reaches the last line */
     const int64_t pf_step = pf ? ((pf->lines << 16) + nb - 1) / nb : 0;
-    const int64_t n_batch = (nb + per - 1) / per;
+    const int64_t n_batch = (nb + PER - 1) / PER;
     const __m512i no_aux = _mm512_setzero_si512();
     for (int64_t bt = 0; bt <= n_batch; bt++) {
         if (bt < n_batch) {
-            const int64_t i0 = bt * per;
-            const int n = nb - i0 < per ? (int)(nb - i0) : per;
+            const int64_t i0 = bt * PER;
+            const int n = nb - i0 < PER ? (int)(nb - i0) : PER;
             for (int u = 0; u < n; u++) {
-                const int64_t b = unit_at(type, i0 + u);
-                unit_products(type, u, xq + 16 * QB * b,
-                              pk ? pk + b * PK_Q8_0 + 2 * NC : (const uint8_t *)panel[b].q);
+                const int64_t b = i0 + u;
+                unit_product(u, xq + 16 * QB * b,
+                             pk ? pk + b * PK_Q8_0 + 2 * NC : (const uint8_t *)panel[b].q);
             }
             for (int u = 0; u < n; u++)
-                unit_store(type, u, cs[bt % 2]);
+                unit_store(u, cs[bt % 2]);
             if (pf) /* this batch's share of the next rows' lines (no division
                        here: one cost more than a unit's tile products) */
                 for (int r = 0; r < pf->n_rows; r++)
@@ -455,15 +408,15 @@ static inline __attribute__((always_inline)) void tile_q(uint32_t type, const wp
                         _mm_prefetch((const char *)pf->p + r * pf->stride + 64 * l, _MM_HINT_T1);
         }
         if (bt == 0) continue;
-        const int64_t i0 = (bt - 1) * per;
-        const int n = nb - i0 < per ? (int)(nb - i0) : per;
+        const int64_t i0 = (bt - 1) * PER;
+        const int n = nb - i0 < PER ? (int)(nb - i0) : PER;
         for (int u = 0; u < n; u++) {
-            const int64_t b = unit_at(type, i0 + u);
-            const int32_t *c = cs[(bt - 1) % 2][type == NM_DTYPE_Q6_K ? 2 * u : u];
+            const int64_t b = i0 + u;
+            const int32_t *c = cs[(bt - 1) % 2][u];
             const __m512 ws =
                 pk ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk + b * PK_Q8_0)))
                    : panel[b].s;
-            unit_scale(type, c, c + MT * 16, ws, pk ? no_aux : panel[b].aux, xm + 16 * b, acc);
+            unit_scale(type, c, ws, pk ? no_aux : panel[b].aux, xm + 16 * b, acc);
         }
     }
 #pragma GCC unroll 16
@@ -510,14 +463,7 @@ q_cols(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j, int64_t j1,
 static inline __attribute__((always_inline)) void
 matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
          float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
-    if (m < AMX_MIN_ROWS) { /* avx512vnni's own, the same bits */
-        if (w2)
-            nm_matmul_swiglu_avx512vnni_forward(w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        else
-            nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
-        return;
-    }
-    use_config(type == NM_DTYPE_Q6_K ? CFG_INT8_HALF : CFG_INT8);
+    use_config(CFG_INT8);
     const int64_t k = w->k;
     const int64_t fetch_k = QB * units_per_fetch(type);
     NM_ASSERT(k % fetch_k == 0);
@@ -561,9 +507,32 @@ static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_
         matmul_bf16(w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
         return;
     }
-#define NM_MATMUL_Q(T) matmul_q(T, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1)
-    NM_VNNI_FOR_EACH_QTYPE(w->type, NM_MATMUL_Q);
-#undef NM_MATMUL_Q
+    if (m < AMX_MIN_ROWS || w->type == NM_DTYPE_Q6_K) { /* avx512vnni's own, the same bits */
+        if (w2)
+            nm_matmul_swiglu_avx512vnni_forward(w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        else
+            nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
+        return;
+    }
+    switch (w->type) { /* each type its own always-inline kernel */
+    case NM_DTYPE_Q8_0:
+        matmul_q(NM_DTYPE_Q8_0, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        break;
+    case NM_DTYPE_Q4_0:
+        matmul_q(NM_DTYPE_Q4_0, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        break;
+    case NM_DTYPE_Q4_K:
+        matmul_q(NM_DTYPE_Q4_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        break;
+    case NM_DTYPE_Q5_K:
+        matmul_q(NM_DTYPE_Q5_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        break;
+    case NM_DTYPE_MXFP4:
+        matmul_q(NM_DTYPE_MXFP4, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
+        break;
+    default:
+        NM_ASSERT(!"not a type the int8 tiles take");
+    }
 }
 
 static bool tile_type(uint32_t type) {
