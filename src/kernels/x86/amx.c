@@ -401,8 +401,8 @@ static inline __attribute__((always_inline)) void tile_q(uint32_t type, const wp
             }
             for (int u = 0; u < n; u++)
                 unit_store(u, cs[bt % 2]);
-            if (pf) /* this batch's share of the next rows' lines (no division
-                       here: one cost more than a unit's tile products) */
+            if (pf) /* this batch's share of the next rows' lines (shifts, not
+                       the divisions per line this loop had) */
                 for (int r = 0; r < pf->n_rows; r++)
                     for (int64_t l = (i0 * pf_step) >> 16; l < ((i0 + n) * pf_step) >> 16; l++)
                         _mm_prefetch((const char *)pf->p + r * pf->stride + 64 * l, _MM_HINT_T1);
@@ -463,6 +463,7 @@ q_cols(uint32_t type, const nm_mat *w, int64_t n_grouped, int64_t j, int64_t j1,
 static inline __attribute__((always_inline)) void
 matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
          float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
+    NM_ASSERT(type != NM_DTYPE_Q6_K); /* avx512vnni's (matmul_any): no tile code for its halves */
     use_config(CFG_INT8);
     const int64_t k = w->k;
     const int64_t fetch_k = QB * units_per_fetch(type);
@@ -514,25 +515,9 @@ static void matmul_any(const nm_mat *w, const nm_mat *w2, const float *x, int64_
             nm_matmul_avx512vnni_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
     }
-    switch (w->type) { /* each type its own always-inline kernel */
-    case NM_DTYPE_Q8_0:
-        matmul_q(NM_DTYPE_Q8_0, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        break;
-    case NM_DTYPE_Q4_0:
-        matmul_q(NM_DTYPE_Q4_0, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        break;
-    case NM_DTYPE_Q4_K:
-        matmul_q(NM_DTYPE_Q4_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        break;
-    case NM_DTYPE_Q5_K:
-        matmul_q(NM_DTYPE_Q5_K, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        break;
-    case NM_DTYPE_MXFP4:
-        matmul_q(NM_DTYPE_MXFP4, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1);
-        break;
-    default:
-        NM_ASSERT(!"not a type the int8 tiles take");
-    }
+#define NM_MATMUL_Q(T) matmul_q(T, w, w2, x, ldx, m, y, ldy, y2, ldy2, j0, j1)
+    NM_VNNI_FOR_EACH_QTYPE(w->type, NM_MATMUL_Q);
+#undef NM_MATMUL_Q
 }
 
 static bool tile_type(uint32_t type) {

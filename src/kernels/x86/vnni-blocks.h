@@ -110,9 +110,9 @@ static inline void quantise_rows(uint32_t type, const float *x, int64_t ldx, int
     *xm = (nm_xblock *)(buf + n_rows * kn);
     if (tiled) {
         NM_ASSERT(n_rows % 16 == 0);
-        memset(*xq + (i1 - i0) / 16 * 16 * kn, 0, (size_t)((n_rows - (i1 - i0) / 16 * 16) * kn));
-        memset(*xm + (i1 - i0) / 16 * 16 * nb, 0,
-               (size_t)(n_rows - (i1 - i0) / 16 * 16) * (size_t)nb * sizeof(nm_xblock));
+        const int64_t full = (i1 - i0) / 16 * 16; /* rows of whole tiles; the rest is zeroed */
+        memset(*xq + full * kn, 0, (size_t)((n_rows - full) * kn));
+        memset(*xm + full * nb, 0, (size_t)(n_rows - full) * (size_t)nb * sizeof(nm_xblock));
         for (int64_t i = i0; i < i1; i++) {
             const int64_t t = (i - i0) / 16, r = (i - i0) % 16;
             quantise_row(type, x + i * ldx + k0, kn, *xq + t * 16 * kn + r * QB, 16 * QB,
