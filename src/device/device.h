@@ -6,8 +6,8 @@
  * layer over a chunk (norms, projections, RoPE, attention over a K/V cache
  * the graph keeps, router logits, optionally the shared expert). A device
  * is a table of functions plus an opaque context (optional slots
- * documented); adding a device never touches the engine. The `cpu` device (cpu/) implements it with the host
- * kernels on worker threads of its own. */
+ * documented); adding a device never touches the engine. The `cpu` device (cpu/) implements it with
+ * the host kernels on worker threads of its own. */
 #ifndef NM_DEVICE_H
 #define NM_DEVICE_H
 
@@ -320,8 +320,10 @@ double nm_median(double *v, int n);
  * over experts 0..n-1 with capacity c each, run reps times (after one
  * untimed run), median submit + wait; the dispatch overhead; and the host's
  * cost of one expert over m rows on host_pool, fitted as
- * host_expert_ms + m * host_row_ms. progress, when not NULL, is called after
- * each step with done of total steps. out is filled on NM_OK and must be
+ * host_expert_ms + m * host_row_ms (measured again with twice the reps, up to
+ * three times, while the fit gives a per-row cost <= 0, as a busy machine can;
+ * then NM_ERR_INVALID_ARG). progress, when not NULL, is called after each step
+ * of the first pass with done of total steps. out is filled on NM_OK and must be
  * released with nm_profile_free. Weights of a type dev does not support
  * are NM_ERR_UNSUPPORTED before anything is measured. */
 nm_status nm_device_profile(nm_device *dev, const nm_expert_weights *w, int64_t d_model,

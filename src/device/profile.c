@@ -139,7 +139,35 @@ static void fit_line(const double *m, const double *t, int n, double *a, double 
 
 /* Every thread of the pool runs one expert task at once, as the dense MoE
  * keeps them all busy, so memory traffic is shared as it will be; the cost of
- * one task is the median over all tasks of all reps. */
+ * one task at each row count, t[k], is the median over all tasks of all
+ * reps. */
+static void time_host_rows(host_ctx *c, nm_pool *pool, int reps, double *t,
+                           void (*progress)(void *, int, int), void *progress_ctx, int done,
+                           int total) {
+    const int n_threads = nm_pool_n_threads(pool);
+    double *task_ms = c->task_ms;
+    for (int k = 0; k < N_HOST_ROWS; k++) {
+        c->m = host_rows[k];
+        c->expert0 = 0;
+        nm_pool_run(pool, host_expert_task, c, n_threads); /* warm-up, untimed */
+        for (int r = 0; r < reps; r++) {
+            c->expert0 = (r * n_threads) % c->w->n_expert;
+            /* task_ms is indexed by task: each rep writes its own slice */
+            c->task_ms = task_ms + (size_t)r * (size_t)n_threads;
+            nm_pool_run(pool, host_expert_task, c, n_threads);
+            c->task_ms = task_ms;
+        }
+        t[k] = nm_median(task_ms, n_threads * reps);
+        if (progress) progress(progress_ctx, ++done, total);
+    }
+}
+
+/* Measurements of the host that give a per-row cost <= 0 (times falling as
+ * rows grow: another process took the cores while the small row counts were
+ * timed) are repeated with twice the reps, up to this many times, before the
+ * profile is refused. */
+enum { HOST_RETRIES = 3 };
+
 static nm_status profile_host(const nm_expert_weights *w, int64_t d_model, int64_t d_ff, int reps,
                               nm_pool *pool, double *host_expert_ms, double *host_row_ms,
                               void (*progress)(void *, int, int), void *progress_ctx, int done,
@@ -147,12 +175,13 @@ static nm_status profile_host(const nm_expert_weights *w, int64_t d_model, int64
     const int n_threads = nm_pool_n_threads(pool);
     const int64_t m_max = host_rows[N_HOST_ROWS - 1];
     const size_t per_thread = (size_t)n_threads * (size_t)m_max;
+    const int max_reps = reps << HOST_RETRIES;
     host_ctx c = {.w = w, .d_model = d_model, .d_ff = d_ff, .m_max = m_max};
     c.x = nm_malloc(per_thread * (size_t)d_model * sizeof(float));
     c.y = nm_malloc(per_thread * (size_t)d_model * sizeof(float));
     c.g = nm_malloc(per_thread * (size_t)d_ff * sizeof(float));
     c.u = nm_malloc(per_thread * (size_t)d_ff * sizeof(float));
-    c.task_ms = nm_malloc((size_t)n_threads * (size_t)reps * sizeof(double));
+    c.task_ms = nm_malloc((size_t)n_threads * (size_t)max_reps * sizeof(double));
     nm_status st = NM_OK;
     if (!c.x || !c.y || !c.g || !c.u || !c.task_ms) {
         st = nm_errorf(err, NM_ERR_NOMEM, "out of memory for the host measurement");
@@ -161,22 +190,23 @@ static nm_status profile_host(const nm_expert_weights *w, int64_t d_model, int64
     uint32_t seed = 0x2545f491u;
     fill_random(c.x, (int64_t)per_thread * d_model, &seed);
     double ms[N_HOST_ROWS], t[N_HOST_ROWS];
-    for (int k = 0; k < N_HOST_ROWS; k++) {
-        c.m = host_rows[k];
-        c.expert0 = 0;
-        nm_pool_run(pool, host_expert_task, &c, n_threads); /* warm-up, untimed */
-        for (int r = 0; r < reps; r++) {
-            c.expert0 = (r * n_threads) % w->n_expert;
-            /* task_ms is indexed by task: each rep writes its own slice */
-            host_ctx rc = c;
-            rc.task_ms = c.task_ms + (size_t)r * (size_t)n_threads;
-            nm_pool_run(pool, host_expert_task, &rc, n_threads);
+    for (int k = 0; k < N_HOST_ROWS; k++)
+        ms[k] = (double)host_rows[k];
+    for (int attempt = 0;; attempt++) {
+        /* progress counts the first pass; a repeat is not in the total */
+        time_host_rows(&c, pool, reps << attempt, t, attempt == 0 ? progress : NULL, progress_ctx,
+                       done, total);
+        fit_line(ms, t, N_HOST_ROWS, host_expert_ms, host_row_ms);
+        if (*host_row_ms > 0) break;
+        if (attempt == HOST_RETRIES) {
+            st = nm_errorf(err, NM_ERR_INVALID_ARG,
+                           "the host's cost per row did not come out positive in %d "
+                           "measurements up to %d reps (%.4g ms at 1 row, %.4g ms at %lld): "
+                           "the cores are too busy to time; rerun on a quieter machine",
+                           HOST_RETRIES + 1, max_reps, t[0], t[N_HOST_ROWS - 1], (long long)m_max);
+            goto out;
         }
-        ms[k] = (double)c.m;
-        t[k] = nm_median(c.task_ms, n_threads * reps);
-        if (progress) progress(progress_ctx, ++done, total);
     }
-    fit_line(ms, t, N_HOST_ROWS, host_expert_ms, host_row_ms);
     /* n_threads tasks of that cost finish together: the wall time the host
      * adds per expert and per row is the task cost shared by the threads */
     *host_expert_ms /= n_threads;
