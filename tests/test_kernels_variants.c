@@ -31,6 +31,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -816,10 +817,67 @@ static void test_names(void) {
     CHECK(strcmp(nm_kernels_isa_name(NM_KERNELS_AVX2), "avx2") == 0);
 }
 
+#if defined(__x86_64__)
+/* A matmul on a thread of its own whose kernel scratch cannot be had (the
+ * first allocation there fails): the kernel works in its stack buffer, many
+ * blocks of rows, and gives the bits of the scratch's few blocks. */
+typedef struct scratchless_call {
+    const nm_mat *mat;
+    const float *x;
+    int64_t m;
+    float *y;
+    bool scratch_taken; /* whether the thread got its scratch after all */
+} scratchless_call;
+
+static void *scratchless_main(void *p) {
+    scratchless_call *c = p;
+    nm_alloc_fail_after(0);
+    nm_matmul_forward(c->mat, c->x, c->mat->k, c->m, c->y, c->mat->n, 0, c->mat->n);
+    nm_alloc_fail_after(-1);
+    c->scratch_taken = nm_kernel_scratch(0) != NULL; /* NULL: nothing was ever allocated */
+    return NULL;
+}
+
+static void test_scratch_fallback(void) {
+    const nm_kernels_isa start = nm_kernels_active();
+    const nm_kernels_isa isas[] = {NM_KERNELS_AVX512VNNI, NM_KERNELS_AMX};
+    const int64_t m = 300, n = 20, k = 4096;
+    float *wf = malloc((size_t)(n * k) * sizeof(float));
+    float *x = malloc((size_t)(m * k) * sizeof(float));
+    float *y = malloc((size_t)(m * n) * sizeof(float));
+    float *ys = malloc((size_t)(m * n) * sizeof(float));
+    for (int64_t i = 0; i < m * k; i++)
+        x[i] = frand();
+    for (size_t v = 0; v < sizeof isas / sizeof isas[0]; v++) {
+        if (!nm_kernels_isa_supported(isas[v])) continue;
+        CHECK(nm_kernels_force(isas[v]));
+        size_t rb = 0;
+        uint8_t *w = make_weights(NM_DTYPE_Q4_K, n, k, wf, &rb);
+        const nm_mat mat = {.data = w, .type = NM_DTYPE_Q4_K, .n = n, .k = k, .row_bytes = rb};
+        nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
+        scratchless_call c = {.mat = &mat, .x = x, .m = m, .y = ys};
+        pthread_t t;
+        CHECK_INT_EQ(pthread_create(&t, NULL, scratchless_main, &c), 0);
+        CHECK_INT_EQ(pthread_join(t, NULL), 0);
+        CHECK(!c.scratch_taken);
+        CHECK(memcmp(y, ys, (size_t)(m * n) * sizeof(float)) == 0);
+        free(w);
+    }
+    nm_kernels_force(start);
+    free(wf);
+    free(x);
+    free(y);
+    free(ys);
+}
+#endif
+
 int main(void) {
     test_q8_0_dequant();
     test_golden_dequant();
     test_names();
+#if defined(__x86_64__)
+    test_scratch_fallback();
+#endif
     const nm_kernels_isa start = nm_kernels_active();
     const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
                               NM_DTYPE_Q8_0, NM_DTYPE_Q4_0, NM_DTYPE_Q4_K,
@@ -828,16 +886,18 @@ int main(void) {
     /* m around the tile sizes (GEMV, up to 4 or 6 rows, a panel), n around
      * the tile widths (4, 8, 16), K from one block to very long, also past
      * the quantised panels' limit (4096) with several rows and past
-     * avx512vnni's slice of one row (65536); 200 rows of 768 cross
-     * avx512vnni's block of quantised rows; amx's tiles of 16 rows and
-     * outputs, two by two, and its slices of BF16 rows (1024); avx2's
-     * float spans of 512 elements over blocks of at most 64 columns */
+     * avx512vnni's slice of one row (65536); 200 rows of 768 more than
+     * the stack's block of quantised rows holds (xrows_buffer: one block in
+     * the scratch), 200 of 8192 more than the scratch's too (two blocks;
+     * the stack's many blocks: test_scratch_fallback); amx's tiles of 16
+     * rows and outputs, two by two, and its slices of BF16 rows (1024);
+     * avx2's float spans of 512 elements over blocks of at most 64 columns */
     const int64_t shapes[][3] = {
         {1, 1, 1},     {1, 7, 3},      {3, 5, 257},   {17, 33, 300},  {2, 3, 4099},  {5, 9, 16},
         {4, 4, 64},    {9, 6, 33},     {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20},  {6, 70, 96},
         {1, 19, 512},  {9, 5, 5000},   {5, 8, 768},   {4, 17, 4096},  {7, 16, 8192}, {13, 31, 256},
         {6, 15, 64},   {200, 20, 768}, {1, 33, 2048}, {12, 48, 4096}, {40, 6, 8192}, {48, 40, 1056},
-        {150, 35, 96}, {16, 16, 256},  {9, 70, 1100}};
+        {150, 35, 96}, {16, 16, 256},  {9, 70, 1100}, {200, 20, 8192}};
     for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
         if (!nm_kernels_isa_supported((nm_kernels_isa)isa)) {
             printf("variant %s: not supported here, skipped\n",

@@ -130,6 +130,14 @@ static inline void nm_swiglu_block(float *h, int64_t ldh, const float *u, int64_
         nm_swiglu_forward(h + i * ldh + j, u + i * ldu + j, h + i * ldh + j, je - j);
 }
 
+/* A buffer of at least n_bytes, 64-byte aligned, of the calling thread's
+ * own, for a kernel whose working set outgrows its stack buffers: kept for
+ * the thread's next calls (grown when asked for more), freed when the
+ * thread exits. NULL when the memory cannot be had; the kernel then works
+ * within its stack buffers. One kernel holds it at a time: one that holds it
+ * calls no other kernel that takes it (mat.c). */
+void *nm_kernel_scratch(size_t n_bytes);
+
 /* Whether gate and up can share one pass: the same type, shape and layout. */
 static inline bool nm_matmul_fusable(const nm_mat *wg, const nm_mat *wu) {
     return wg->type == wu->type && wg->n == wu->n && wg->k == wu->k &&

@@ -3,6 +3,9 @@
  * split over a thread pool. */
 #include "kernels-impl.h"
 
+#include <pthread.h>
+#include <stdint.h>
+
 nm_mat nm_expert_mat(const nm_mat *first, size_t stride, int32_t e) {
     nm_mat m = *first;
     m.data = (const uint8_t *)first->data + (size_t)e * stride;
@@ -100,4 +103,46 @@ void nm_matmul_parallel(nm_pool *pool, const nm_mat *w, const float *x, int64_t 
     const int64_t tile = ((w->n + 4 * n_threads - 1) / (4 * n_threads) + 15) / 16 * 16;
     matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
     nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
+}
+
+/* ---- per-thread kernel scratch ---- */
+
+typedef struct scratch {
+    void *block; /* from nm_malloc, freed with nm_free */
+    void *aligned;
+    size_t n_bytes; /* usable from aligned */
+} scratch;
+
+static _Thread_local scratch thread_scratch;
+static pthread_key_t scratch_key; /* its destructor frees an exiting thread's block */
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+
+static void scratch_release(void *p) {
+    scratch *s = p;
+    nm_free(s->block);
+    *s = (scratch){0};
+}
+
+static void scratch_key_create(void) {
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0;
+}
+
+void *nm_kernel_scratch(size_t n_bytes) {
+    scratch *s = &thread_scratch;
+    if (s->n_bytes >= n_bytes) return s->aligned;
+    pthread_once(&scratch_once, scratch_key_create);
+    /* without the key an exiting thread would leak its block */
+    if (!scratch_key_ok || n_bytes > SIZE_MAX - 63) return NULL;
+    void *block = nm_malloc(n_bytes + 63);
+    if (!block) return NULL;
+    if (!s->block && pthread_setspecific(scratch_key, s) != 0) {
+        nm_free(block);
+        return NULL;
+    }
+    nm_free(s->block);
+    s->block = block;
+    s->aligned = (void *)(((uintptr_t)block + 63) & ~(uintptr_t)63);
+    s->n_bytes = n_bytes;
+    return s->aligned;
 }

@@ -278,9 +278,9 @@ static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64
 
 /* ---- quantised weights ---- */
 
-/* KC: K elements per slice, as avx512vnni's panel path; XBUF_BYTES: the
- * quantised activation rows of a block. */
-enum { KC = 4096, XBUF_BYTES = 160 * 1024, MT = 16, PK_Q8_0 = NC * NM_Q8_0_BYTES };
+/* KC: K elements per slice, as avx512vnni's panel path; the blocks of
+ * quantised activation rows are xrows_buffer's (vnni-blocks.h). */
+enum { KC = 4096, MT = 16, PK_Q8_0 = NC * NM_Q8_0_BYTES };
 /* Products of fewer rows go to avx512vnni (measured crossover,
  * docs/PERFORMANCE.md); more fill the last tile with rows of zeros. */
 enum { AMX_MIN_ROWS = 12 };
@@ -475,11 +475,11 @@ matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, const float *x, int64
                       w2->row_bytes == w->row_bytes && w2->layout == w->layout));
     const int64_t kc = k < KC ? k : KC;
     const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(nm_xblock);
-    int64_t rb = XBUF_BYTES / row_q_bytes / MT * MT;
-    if (rb < MT) rb = MT;
-    NM_ASSERT(rb * row_q_bytes <= XBUF_BYTES);
-    _Alignas(64) uint8_t xbuf[XBUF_BYTES];    /* [rb][kc] codes, then [rb][kc / QB] blocks */
+    _Alignas(64) uint8_t stack_xbuf[XBUF_BYTES];
     _Alignas(64) wpanel_block panel[KC / QB]; /* [kc / QB] blocks of NC rows */
+    int64_t rb;
+    /* [rb][kc] codes, then [rb][kc / QB] blocks */
+    uint8_t *xbuf = xrows_buffer(m, row_q_bytes, MT, stack_xbuf, &rb);
     for (int64_t k0 = 0; k0 < k; k0 += kc) {
         const int64_t kn = k - k0 < kc ? k - k0 : kc;
         for (int64_t i0 = 0; i0 < m; i0 += rb) {

@@ -42,11 +42,12 @@
  * accumulators + 8 weight vectors fit the 32 registers). */
 enum { RT_MAX = 6 };
 _Static_assert(RT_MAX == 6, "the row loops' unroll pragmas in tile() name it");
-/* Stack buffers per call (240 KiB in all, no heap): quantised activation
- * rows (a block of rows over a slice of K: XBUF_BYTES) and one repacked
- * panel of NC weight rows over a slice of KC_PANEL (80 KiB); a tile that
- * reads the weights itself takes slices of up to KC_DIRECT. */
-enum { XBUF_BYTES = 160 * 1024, KC_PANEL = 4096, KC_DIRECT = 65536 };
+/* Stack buffers per call (240 KiB in all): quantised activation rows (a
+ * block of rows over a slice of K: XBUF_BYTES, or more rows in the
+ * thread's kernel scratch, xrows_buffer) and one repacked panel of NC
+ * weight rows over a slice of KC_PANEL (80 KiB); a tile that reads the
+ * weights itself takes slices of up to KC_DIRECT. */
+enum { KC_PANEL = 4096, KC_DIRECT = 65536 };
 
 /* acc += one unit of weights (codes q[8], scale s, aux as in wpanel_block)
  * times one activation block (xr: its codes). */
@@ -272,10 +273,12 @@ ALWAYS_INLINE void matmul_q(uint32_t type, const nm_mat *w, const nm_mat *w2, co
     const int64_t kc =
         k < (use_panel ? KC_PANEL : KC_DIRECT) ? k : (use_panel ? KC_PANEL : KC_DIRECT);
     const int64_t row_q_bytes = kc + kc / QB * (int64_t)sizeof(nm_xblock);
-    int64_t rb = XBUF_BYTES / row_q_bytes;
-    if (rb > RT_MAX) rb = rb / RT_MAX * RT_MAX;
-    _Alignas(64) uint8_t xbuf[XBUF_BYTES];          /* [rb][kc] codes, then [rb][kc / QB] blocks */
+    _Alignas(64) uint8_t stack_xbuf[XBUF_BYTES];
     _Alignas(64) wpanel_block panel[KC_PANEL / QB]; /* [kc / QB] blocks of NC rows */
+    int64_t rb;
+    /* [rb][kc] codes, then [rb][kc / QB] blocks; one row (of KC_DIRECT) for a
+     * single tile */
+    uint8_t *xbuf = xrows_buffer(m, row_q_bytes, use_panel ? RT_MAX : 1, stack_xbuf, &rb);
     for (int64_t k0 = 0; k0 < k; k0 += kc) {
         const int64_t kn = k - k0 < kc ? k - k0 : kc;
         for (int64_t i0 = 0; i0 < m; i0 += rb) {

@@ -126,6 +126,35 @@ static inline void quantise_rows(uint32_t type, const float *x, int64_t ldx, int
     memset(*xm + (i1 - i0) * nb, 0, (size_t)(n_rows - (i1 - i0)) * (size_t)nb * sizeof(nm_xblock));
 }
 
+/* XBUF_BYTES: quantised activation rows of a block in a kernel's stack;
+ * XBIG_BYTES: those of a block in the thread's kernel scratch, taken when
+ * a product has more rows than the stack holds. Every block of rows
+ * unpacks the weights' panels and streams the weights once more: at K =
+ * 4096 the stack holds 16 to 24 rows, and amx's tile products then cost
+ * no more than that. Half of a 2 MiB L2 leaves room for the weights a
+ * block of rows meets (docs/PERFORMANCE.md). */
+enum { XBUF_BYTES = 160 * 1024, XBIG_BYTES = 1024 * 1024 };
+
+/* The buffer of a block of rows of row_q_bytes each for m rows: the stack
+ * buffer (XBUF_BYTES), *rb rows of it (whole granules; it holds one), or,
+ * when m rows need more than that and the scratch can be had, the
+ * thread's kernel scratch, *rb rows of it (whole granules, no more than m
+ * needs). */
+static inline uint8_t *xrows_buffer(int64_t m, int64_t row_q_bytes, int64_t granule, uint8_t *stack,
+                                    int64_t *rb) {
+    int64_t rows = XBUF_BYTES / row_q_bytes / granule * granule;
+    NM_ASSERT(rows >= granule);
+    *rb = rows;
+    if (m <= *rb) return stack;
+    const int64_t need = (m + granule - 1) / granule * granule;
+    rows = XBIG_BYTES / row_q_bytes / granule * granule;
+    if (rows > need) rows = need;
+    uint8_t *big = rows > *rb ? nm_kernel_scratch(XBIG_BYTES) : NULL;
+    if (!big) return stack;
+    *rb = rows;
+    return big;
+}
+
 /* ---- weights: NC rows of one block, transposed to lanes ---- */
 
 /* The 16 f16 scales at byte offsets off (lanes) from p, as floats. */
