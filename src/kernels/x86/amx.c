@@ -288,17 +288,20 @@ enum { AMX_MIN_ROWS = 12 };
 /* acc[r] += a unit's sums (cs: its C tile as int32 [r][lane]) scaled as
  * avx512vnni's unit_dot scales them, in its order; ws, aux: the unit's
  * weight scales (as wpanel_block's s, aux); xm: the 16 rows' activation
- * blocks. */
+ * blocks. The K-quants' codes have no offset (their blocks' c is 0): their
+ * sums are not added to. */
 static inline __attribute__((always_inline)) void unit_scale(uint32_t type, const int32_t *cs,
                                                              __m512 ws, __m512i aux,
                                                              const nm_xblock *xm, __m512 *acc) {
+    const bool k_quant = type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K;
 #pragma GCC unroll 16
     for (int r = 0; r < MT; r++) {
         const nm_xblock *xb = &xm[r];
+        const __m512i sums = _mm512_load_si512(cs + 16 * r);
         const __m512 dot = _mm512_cvtepi32_ps(
-            _mm512_add_epi32(_mm512_load_si512(cs + 16 * r), _mm512_set1_epi32(xb->c)));
+            k_quant ? sums : _mm512_add_epi32(sums, _mm512_set1_epi32(xb->c)));
         acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(xb->d)), acc[r]);
-        if (type == NM_DTYPE_Q4_K || type == NM_DTYPE_Q5_K)
+        if (k_quant)
             acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(aux), _mm512_set1_ps(xb->f), acc[r]);
     }
 }
