@@ -39,6 +39,55 @@ static void compat_round_input(const nm_model *m, const nm_mat *w, float *x, int
     if (m->compat == NM_COMPAT_LLAMA_CPP && w->type == NM_DTYPE_F16) nm_model_round_f16(x, n);
 }
 
+/* ---- loops over a batch's rows, split over the pool ---- */
+
+/* Rows per range: a row (a norm or a residual add of a few thousand
+ * values) takes about a microsecond, a hand-off to the pool several. */
+enum { ROWS_MIN = 16 };
+
+typedef struct rows_ctx {
+    const nm_model *m;
+    const nm_layer *l;
+    const nm_model_batch *b;
+    const float *norm_w, *norm_b; /* norm_rows */
+    float *dst;                   /* add_rows: dst += src (+ bias into src first) */
+    float *src;
+    const float *bias;
+    float *k_new, *v_new; /* qkv_rows: this batch's keys and values */
+} rows_ctx;
+
+/* xn = norm(x) of rows [t0, t1). */
+static void norm_rows(void *p, int64_t t0, int64_t t1) {
+    const rows_ctx *c = p;
+    const int64_t d = c->m->hp.n_embd;
+    for (int64_t t = t0; t < t1; t++)
+        nm_model_norm(&c->m->hp, c->b->x + t * d, c->norm_w, c->norm_b, c->b->xn + t * d, d);
+}
+
+static void norm_all(const nm_model *m, const nm_model_batch *b, int32_t n, const float *w,
+                     const float *bias) {
+    rows_ctx c = {.m = m, .b = b, .norm_w = w, .norm_b = bias};
+    nm_pool_for(b->pool, n, ROWS_MIN, norm_rows, &c);
+}
+
+/* Rows [t0, t1): src += bias (when there is one), then dst += src. */
+static void add_rows(void *p, int64_t t0, int64_t t1) {
+    const rows_ctx *c = p;
+    const int64_t d = c->m->hp.n_embd;
+    for (int64_t t = t0; t < t1; t++) {
+        float *dst = c->dst + t * d, *src = c->src + t * d;
+        add_bias(src, c->bias, d);
+        for (int64_t i = 0; i < d; i++)
+            dst[i] += src[i];
+    }
+}
+
+static void add_all(const nm_model *m, const nm_model_batch *b, int32_t n, float *dst, float *src,
+                    const float *bias) {
+    rows_ctx c = {.m = m, .b = b, .dst = dst, .src = src, .bias = bias};
+    nm_pool_for(b->pool, n, ROWS_MIN, add_rows, &c);
+}
+
 void nm_model_embed(const nm_model *m, const int32_t *ids, int32_t n, const nm_model_batch *b) {
     NM_ASSERT(n >= 1 && n <= b->n_rows);
     const int64_t d = m->hp.n_embd;
@@ -89,6 +138,35 @@ static void attention_task(void *p, int task, int thread) {
                                   scores);
 }
 
+/* Rows [t0, t1) of q, k and v: biases, the QK norm, RoPE. */
+static void qkv_rows(void *p, int64_t t0, int64_t t1) {
+    const rows_ctx *c = p;
+    const nm_hparams *hp = &c->m->hp;
+    const nm_layer *l = c->l;
+    const nm_model_batch *b = c->b;
+    const int64_t hd = hp->head_dim;
+    const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
+    float *k_new = c->k_new, *v_new = c->v_new;
+    for (int64_t t = t0; t < t1; t++) {
+        float *qt = b->q + t * q_dim, *kt = k_new + t * kv_dim, *vt = v_new + t * kv_dim;
+        add_bias(qt, l->bq, q_dim);
+        add_bias(kt, l->bk, kv_dim);
+        add_bias(vt, l->bv, kv_dim);
+        if (hp->qk_norm == NM_QK_NORM_HEAD) {
+            for (int h = 0; h < hp->n_head; h++)
+                nm_rmsnorm_forward(qt + h * hd, l->q_norm, qt + h * hd, hd, hp->rms_eps);
+            for (int h = 0; h < hp->n_head_kv; h++)
+                nm_rmsnorm_forward(kt + h * hd, l->k_norm, kt + h * hd, hd, hp->rms_eps);
+        } else if (hp->qk_norm == NM_QK_NORM_WHOLE) {
+            nm_rmsnorm_forward(qt, l->q_norm, qt, q_dim, hp->rms_eps);
+            nm_rmsnorm_forward(kt, l->k_norm, kt, kv_dim, hp->rms_eps);
+        }
+        const int32_t pos = b->pos ? b->pos[t] : b->n_past + (int32_t)t;
+        nm_model_rope(hp, b->rope_factors, qt, hp->n_head, pos);
+        nm_model_rope(hp, b->rope_factors, kt, hp->n_head_kv, pos);
+    }
+}
+
 bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
                         const nm_kv_view *kv) {
     if (m->hp.n_lora_kv > 0) return nm_model_attention_mla(m, il, b, kv);
@@ -105,32 +183,15 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
     float *k_new = half || rows ? kv->stage : (float *)kv->k + past_off;
     float *v_new = half || rows ? kv->stage + (size_t)n * kv_dim : (float *)kv->v + past_off;
 
-    for (int32_t t = 0; t < n; t++)
-        nm_model_norm(hp, b->x + t * d, l->attn_norm, l->attn_norm_b, b->xn + t * d, d);
+    norm_all(m, b, n, l->attn_norm, l->attn_norm_b);
     if (!tap(b, il, "attn_norm", b->xn, d)) return false;
     /* by wq's type: converters give q, k and v one float type */
     compat_round_input(m, &l->wq, b->xn, (int64_t)n * d);
     matmul(b->pool, &l->wq, b->xn, d, n, b->q, q_dim);
     matmul(b->pool, &l->wk, b->xn, d, n, k_new, kv_dim);
     matmul(b->pool, &l->wv, b->xn, d, n, v_new, kv_dim);
-    for (int32_t t = 0; t < n; t++) {
-        float *qt = b->q + t * q_dim, *kt = k_new + t * kv_dim, *vt = v_new + t * kv_dim;
-        add_bias(qt, l->bq, q_dim);
-        add_bias(kt, l->bk, kv_dim);
-        add_bias(vt, l->bv, kv_dim);
-        if (hp->qk_norm == NM_QK_NORM_HEAD) {
-            for (int h = 0; h < hp->n_head; h++)
-                nm_rmsnorm_forward(qt + h * hd, l->q_norm, qt + h * hd, hd, hp->rms_eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
-                nm_rmsnorm_forward(kt + h * hd, l->k_norm, kt + h * hd, hd, hp->rms_eps);
-        } else if (hp->qk_norm == NM_QK_NORM_WHOLE) {
-            nm_rmsnorm_forward(qt, l->q_norm, qt, q_dim, hp->rms_eps);
-            nm_rmsnorm_forward(kt, l->k_norm, kt, kv_dim, hp->rms_eps);
-        }
-        const int32_t pos = b->pos ? b->pos[t] : b->n_past + t;
-        nm_model_rope(hp, b->rope_factors, qt, hp->n_head, pos);
-        nm_model_rope(hp, b->rope_factors, kt, hp->n_head_kv, pos);
-    }
+    rows_ctx qc = {.m = m, .l = l, .b = b, .k_new = k_new, .v_new = v_new};
+    nm_pool_for(b->pool, n, ROWS_MIN, qkv_rows, &qc);
     if (!tap(b, il, "Qcur", b->q, q_dim) || !tap(b, il, "Kcur", k_new, kv_dim) ||
         !tap(b, il, "Vcur", v_new, kv_dim))
         return false;
@@ -162,10 +223,7 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
     if (!tap(b, il, "kqv_out", b->att, q_dim)) return false;
     compat_round_input(m, &l->wo, b->att, (int64_t)n * q_dim);
     matmul(b->pool, &l->wo, b->att, q_dim, n, b->proj, d);
-    for (int32_t t = 0; t < n; t++)
-        add_bias(b->proj + t * d, l->bo, d);
-    for (int64_t i = 0; i < (int64_t)n * d; i++)
-        b->x[i] += b->proj[i];
+    add_all(m, b, n, b->x, b->proj, l->bo);
     return tap(b, il, "ffn_inp", b->x, d);
 }
 
@@ -176,8 +234,7 @@ bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
     const nm_layer *l = &m->layers[il];
     const int32_t n = b->n_real;
     const int64_t d = hp->n_embd;
-    for (int32_t t = 0; t < n; t++)
-        nm_model_norm(hp, b->x + t * d, l->ffn_norm, l->ffn_norm_b, b->xn + t * d, d);
+    norm_all(m, b, n, l->ffn_norm, l->ffn_norm_b);
     if (!tap(b, il, "ffn_norm", b->xn, d)) return false;
     if (!nm_model_layer_is_moe(hp, il)) return true; /* no router: its FFN in the residual */
     matmul(b->pool, &l->router, b->xn, d, n, b->router, hp->n_expert);
@@ -258,17 +315,15 @@ bool nm_model_ffn_residual(const nm_model *m, int32_t il, const nm_model_batch *
     const int64_t d = m->hp.n_embd;
     const nm_layer *l = &m->layers[il];
     if (!nm_model_layer_is_moe(&m->hp, il)) {
-        const float *out = swiglu_ffn(m, &l->ffn_gate, &l->ffn_up, &l->ffn_down, b);
+        float *out = swiglu_ffn(m, &l->ffn_gate, &l->ffn_up, &l->ffn_down, b);
         if (!tap(b, il, "ffn_out", out, d)) return false;
-        for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
-            b->x[i] += out[i];
+        add_all(m, b, b->n_real, b->x, out, NULL);
         return tap(b, il, "l_out", b->x, d);
     }
     if (!tap(b, il, "ffn_moe_out", b->proj, d)) return false;
     NM_ASSERT(!shexp || l->shexp_gate.data);
     if (l->shexp_gate.data && !shared_expert(m, l, il, b, shexp)) return false;
-    for (int64_t i = 0; i < (int64_t)b->n_real * d; i++)
-        b->x[i] += b->proj[i];
+    add_all(m, b, b->n_real, b->x, b->proj, NULL);
     return tap(b, il, "l_out", b->x, d);
 }
 

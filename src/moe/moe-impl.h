@@ -37,8 +37,8 @@ void nm_moe_run_host_jobs(nm_pool *pool, const nm_expert_weights *w, const float
                           nm_moe_scratch *s, nm_host_job *jobs, int32_t n_jobs);
 
 /* out[t] = sum over slots with keep[a] (all when keep is NULL) of
- * weights[a] * y[a], in slot order. */
-void nm_moe_combine(const nm_moe_scratch *s, int32_t n_tokens, const float *weights,
+ * weights[a] * y[a], in slot order; tokens split over the pool. */
+void nm_moe_combine(nm_pool *pool, const nm_moe_scratch *s, int32_t n_tokens, const float *weights,
                     const uint8_t *keep, float *out);
 
 /* Dense MoE over the dispatch already built in s (all experts on the host). */

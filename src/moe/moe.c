@@ -138,14 +138,25 @@ void nm_moe_run_host_jobs(nm_pool *pool, const nm_expert_weights *w, const float
     nm_pool_run(pool, host_job_task, &ctx, n_pieces);
 }
 
-void nm_moe_combine(const nm_moe_scratch *s, int32_t n_tokens, const float *weights,
-                    const uint8_t *keep, float *out) {
+typedef struct combine_ctx {
+    const nm_moe_scratch *s;
+    const float *weights;
+    const uint8_t *keep;
+    float *out;
+} combine_ctx;
+
+static void combine_tokens(void *p, int64_t t0, int64_t t1) {
+    const combine_ctx *c = p;
+    const nm_moe_scratch *s = c->s;
+    const float *weights = c->weights;
+    const uint8_t *keep = c->keep;
+    float *out = c->out;
     const int64_t dm = s->d_model;
-    for (int32_t t = 0; t < n_tokens; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         float *o = out + (size_t)t * dm;
         memset(o, 0, (size_t)dm * sizeof(float));
         for (int32_t slot = 0; slot < s->k; slot++) {
-            const int32_t a = t * s->k + slot;
+            const int64_t a = t * s->k + slot;
             if (keep && !keep[a]) continue;
             const float wt = weights[a];
             const float *ya = s->y + (size_t)a * dm;
@@ -153,6 +164,13 @@ void nm_moe_combine(const nm_moe_scratch *s, int32_t n_tokens, const float *weig
                 o[i] += wt * ya[i];
         }
     }
+}
+
+void nm_moe_combine(nm_pool *pool, const nm_moe_scratch *s, int32_t n_tokens, const float *weights,
+                    const uint8_t *keep, float *out) {
+    combine_ctx c = {.s = s, .weights = weights, .keep = keep, .out = out};
+    /* a token's sum is a few thousand FMAs per slot */
+    nm_pool_for(pool, n_tokens, 8, combine_tokens, &c);
 }
 
 void nm_moe_forward_dense(nm_pool *pool, const nm_expert_weights *w, const float *x,
@@ -173,7 +191,7 @@ void nm_moe_dense_dispatched(nm_pool *pool, const nm_expert_weights *w, const fl
                                               .n_rows = d->offset[e + 1] - d->offset[e],
                                               .rows = d->rows + d->offset[e]};
     nm_moe_run_host_jobs(pool, w, x, s, s->jobs, n_jobs);
-    nm_moe_combine(s, n_tokens, weights, NULL, out);
+    nm_moe_combine(pool, s, n_tokens, weights, NULL, out);
 }
 
 /* ---- measuring the host MoE step ---- */

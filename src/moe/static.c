@@ -512,7 +512,7 @@ void nm_moe_exec_layer(nm_moe_exec *ex, nm_pool *pool, int32_t layer, const floa
         for (int32_t e = 0; e < ex->n_expert; e++)
             if (ex->dev_n[e] > 0) unpack_slot(ex, le, e, ex->dev_rows + dev_start[e], ex->dev_n[e]);
     }
-    nm_moe_combine(s, n, weights, ex->keep, out);
+    nm_moe_combine(pool, s, n, weights, ex->keep, out);
     mt->moe_ns += nm_time_ns() - t_start;
 }
 

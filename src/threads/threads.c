@@ -37,8 +37,8 @@ struct nm_pool {
     void *ctx;
     int n_tasks;
     atomic_int next_task;
-    atomic_int n_busy;          /* workers still inside the current job */
-    atomic_uint generation;     /* bumped for each job, under mutex */
+    atomic_int n_busy;      /* workers still inside the current job */
+    atomic_uint generation; /* bumped for each job, under mutex */
     atomic_int quit;
 };
 
@@ -184,4 +184,30 @@ void nm_pool_run(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks) {
             pthread_cond_wait(&pool->done, &pool->mutex);
         pthread_mutex_unlock(&pool->mutex);
     }
+}
+
+typedef struct range_ctx {
+    nm_range_fn fn;
+    void *ctx;
+    int64_t n, per;
+} range_ctx;
+
+static void range_task(void *p, int i, int thread) {
+    (void)thread;
+    const range_ctx *r = p;
+    const int64_t i0 = (int64_t)i * r->per;
+    r->fn(r->ctx, i0, i0 + r->per < r->n ? i0 + r->per : r->n);
+}
+
+void nm_pool_for(nm_pool *pool, int64_t n, int64_t min_range, nm_range_fn fn, void *ctx) {
+    NM_ASSERT(min_range >= 1);
+    if (n <= 0) return;
+    int64_t ranges = n / min_range;
+    if (ranges > pool->n_threads) ranges = pool->n_threads;
+    if (ranges < 2) {
+        fn(ctx, 0, n);
+        return;
+    }
+    range_ctx r = {.fn = fn, .ctx = ctx, .n = n, .per = (n + ranges - 1) / ranges};
+    nm_pool_run(pool, range_task, &r, (int)((n + r.per - 1) / r.per));
 }

@@ -20,6 +20,13 @@ int nm_pool_n_threads(const nm_pool *pool);
  * are done. Not reentrant: fn must not call nm_pool_run on the same pool. */
 void nm_pool_run(nm_pool *pool, nm_task_fn fn, void *ctx, int n_tasks);
 
+/* Runs fn(ctx, i0, i1) over ranges that cover [0, n) once, about one a
+ * thread, none shorter than min_range (the caller's thread alone runs the
+ * whole when n is under two of them): for loops over independent rows too
+ * cheap for a task each (norms, residual adds). Not reentrant either. */
+typedef void (*nm_range_fn)(void *ctx, int64_t i0, int64_t i1);
+void nm_pool_for(nm_pool *pool, int64_t n, int64_t min_range, nm_range_fn fn, void *ctx);
+
 /* nm_cpu_count (online CPUs) is public: npumoe.h. */
 
 #endif /* NM_THREADS_H */
