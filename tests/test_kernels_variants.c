@@ -841,7 +841,7 @@ static void *scratchless_main(void *p) {
 static void test_scratch_fallback(void) {
     const nm_kernels_isa start = nm_kernels_active();
     const nm_kernels_isa isas[] = {NM_KERNELS_AVX512VNNI, NM_KERNELS_AMX};
-    const int64_t m = 300, n = 20, k = 4096;
+    const int64_t m = 300, n = 16, k = 4096;
     float *wf = malloc((size_t)(n * k) * sizeof(float));
     float *x = malloc((size_t)(m * k) * sizeof(float));
     float *y = malloc((size_t)(m * n) * sizeof(float));
@@ -888,7 +888,7 @@ int main(void) {
      * the quantised panels' limit (4096) with several rows and past
      * avx512vnni's slice of one row (65536); 200 rows of 768 more than
      * the stack's block of quantised rows holds (xrows_buffer: one block in
-     * the scratch), 200 of 8192 more than the scratch's too (two blocks;
+     * the scratch), 200 of 4096 more than the scratch's too (two blocks;
      * the stack's many blocks: test_scratch_fallback); amx's tiles of 16
      * rows and outputs, two by two, and its slices of BF16 rows (1024);
      * avx2's float spans of 512 elements over blocks of at most 64 columns */
@@ -897,7 +897,7 @@ int main(void) {
         {4, 4, 64},    {9, 6, 33},     {1, 5, 70001}, {70, 13, 2048}, {130, 3, 20},  {6, 70, 96},
         {1, 19, 512},  {9, 5, 5000},   {5, 8, 768},   {4, 17, 4096},  {7, 16, 8192}, {13, 31, 256},
         {6, 15, 64},   {200, 20, 768}, {1, 33, 2048}, {12, 48, 4096}, {40, 6, 8192}, {48, 40, 1056},
-        {150, 35, 96}, {16, 16, 256},  {9, 70, 1100}, {200, 20, 8192}};
+        {150, 35, 96}, {16, 16, 256},  {9, 70, 1100}, {200, 4, 4096}};
     for (int isa = 0; isa < NM_KERNELS_COUNT; isa++) {
         if (!nm_kernels_isa_supported((nm_kernels_isa)isa)) {
             printf("variant %s: not supported here, skipped\n",
