@@ -643,6 +643,22 @@ static void pool_task(void *p, int i, int thread) {
     c->work[i] = sink;
 }
 
+typedef struct range_seen {
+    pool_ctx *c;
+    atomic_int n_ranges;
+    atomic_llong shortest; /* 0 until a range is seen */
+} range_seen;
+
+static void range_fn(void *p, int64_t i0, int64_t i1) {
+    range_seen *r = p;
+    atomic_fetch_add(&r->n_ranges, 1);
+    long long s = atomic_load(&r->shortest);
+    while ((s == 0 || i1 - i0 < s) && !atomic_compare_exchange_weak(&r->shortest, &s, i1 - i0)) {
+    }
+    for (int64_t i = i0; i < i1; i++)
+        atomic_fetch_add(&r->c->hits[i], 1);
+}
+
 static void test_pool(void) {
     nm_pool *pool = NULL;
     nm_error err = {0};
@@ -659,6 +675,25 @@ static void test_pool(void) {
     }
     CHECK(c.work[6] == 5999.0 * 6000.0 / 2.0);
     CHECK(atomic_load(&c.threads_seen) & 1); /* the caller works too */
+    /* nm_pool_for: every index once, in the ranges expected on 3 threads
+     * (n / min_range of them, at most 3, one when under 2), none shorter
+     * than min_range unless it is the whole: {n, min_range, ranges} */
+    const int64_t sizes[][3] = {{0, 16, 0},    {1, 16, 1},  {31, 16, 1}, {32, 16, 2}, {47, 16, 2},
+                                {1000, 16, 3}, {999, 1, 3}, {2, 1, 2},   {50, 100, 1}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        for (int i = 0; i < 1000; i++)
+            atomic_store(&c.hits[i], 0);
+        range_seen r = {.c = &c};
+        nm_pool_for(pool, sizes[s][0], sizes[s][1], range_fn, &r);
+        int bad = 0;
+        for (int64_t i = 0; i < 1000; i++)
+            bad += atomic_load(&c.hits[i]) != (i < sizes[s][0]);
+        CHECK_INT_EQ(bad, 0);
+        const int n_ranges = atomic_load(&r.n_ranges);
+        CHECK_INT_EQ(n_ranges, sizes[s][2]);
+        if (n_ranges == 1) CHECK_INT_EQ(atomic_load(&r.shortest), sizes[s][0]);
+        if (n_ranges > 1) CHECK(atomic_load(&r.shortest) >= sizes[s][1]);
+    }
     nm_pool_free(pool);
     CHECK_INT_EQ(nm_pool_new(0, &pool, &err), NM_ERR_INVALID_ARG);
 }

@@ -130,9 +130,9 @@ static inline void quantise_rows(uint32_t type, const float *x, int64_t ldx, int
  * XBIG_BYTES: those of a block in the thread's kernel scratch, taken when
  * a product has more rows than the stack holds. Every block of rows
  * unpacks the weights' panels and streams the weights once more: at K =
- * 4096 the stack holds 16 to 24 rows, and amx's tile products then cost
- * no more than that. Half of a 2 MiB L2 leaves room for the weights a
- * block of rows meets (docs/PERFORMANCE.md). */
+ * 4096 the stack holds 16 rows (amx) or 24 (avx512vnni), and for amx that
+ * cost about what its tile products did. Half of a 2 MiB L2 leaves room
+ * for the weights a block of rows meets (docs/PERFORMANCE.md). */
 enum { XBUF_BYTES = 160 * 1024, XBIG_BYTES = 1024 * 1024 };
 
 /* The buffer of a block of rows of row_q_bytes each for m rows: the stack
