@@ -698,6 +698,50 @@ static void test_pool(void) {
     CHECK_INT_EQ(nm_pool_new(0, &pool, &err), NM_ERR_INVALID_ARG);
 }
 
+/* nm_matmul_parallel_n: each matrix's outputs (rows of ldy wider than its
+ * columns, whose padding stays untouched) bit for bit those of one
+ * nm_matmul_forward call, on pools of 1 to 3 threads, for matrices of
+ * uneven widths (200, 24, 40 columns: tiles cross no matrix). */
+static void test_matmul_parallel_n(void) {
+    enum { M = 5, K = 64, PAD = 3 };
+    const int64_t ns[3] = {200, 24, 40};
+    static float wdata[3][200 * K], x[M * K], want[3][M * (200 + PAD)], got[3][M * (200 + PAD)];
+    for (int i = 0; i < M * K; i++)
+        x[i] = frand();
+    nm_mat mats[3];
+    const nm_mat *w[3];
+    float *y[3];
+    int64_t ldy[3];
+    for (int a = 0; a < 3; a++) {
+        for (int64_t i = 0; i < ns[a] * K; i++)
+            wdata[a][i] = frand();
+        mats[a] = (nm_mat){.data = wdata[a],
+                           .type = NM_DTYPE_F32,
+                           .n = ns[a],
+                           .k = K,
+                           .row_bytes = K * sizeof(float)};
+        w[a] = &mats[a];
+        y[a] = got[a];
+        ldy[a] = ns[a] + PAD;
+        memset(want[a], 0, sizeof want[a]);
+        nm_matmul_forward(&mats[a], x, K, M, want[a], ldy[a], 0, ns[a]);
+    }
+    for (int threads = 1; threads <= 3; threads++) {
+        nm_pool *pool = NULL;
+        nm_error err = {0};
+        CHECK_INT_EQ(nm_pool_new(threads, &pool, &err), NM_OK);
+        for (int n_w = 1; n_w <= 3; n_w++) {
+            for (int a = 0; a < 3; a++)
+                memset(got[a], 0, sizeof got[a]);
+            nm_matmul_parallel_n(pool, n_w, w, x, K, M, y, ldy);
+            for (int a = 0; a < 3; a++)
+                CHECK(memcmp(got[a], a < n_w ? want[a] : (float[M * (200 + PAD)]){0},
+                             sizeof got[a]) == 0);
+        }
+        nm_pool_free(pool);
+    }
+}
+
 int main(void) {
     test_conversions();
     test_matmul();
@@ -711,5 +755,6 @@ int main(void) {
     test_attention_rows();
     test_attention_widths();
     test_pool();
+    test_matmul_parallel_n();
     return nm_test_finish("test_kernels");
 }

@@ -221,6 +221,16 @@ void nm_matmul_swiglu_forward(const nm_mat *wg, const nm_mat *wu, const float *x
 void nm_matmul_parallel(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
                         float *y, int64_t ldy);
 
+/* nm_matmul_parallel of n_w (1..NM_MATMUL_MAX_N) matrices of one K over
+ * the same x, as one job of the pool: y[i] = x W[i]^T (row stride ldy[i]).
+ * The tiles are sized by the columns of all of them, so a matrix with few
+ * columns (a K or V projection beside Q) is one or two tasks rather than
+ * several a thread that each read, and the int8 kernels quantise, all of
+ * x again. The same bits as one call per matrix. */
+enum { NM_MATMUL_MAX_N = 4 };
+void nm_matmul_parallel_n(nm_pool *pool, int n_w, const nm_mat *const *w, const float *x,
+                          int64_t ldx, int64_t m, float *const *y, const int64_t *ldy);
+
 /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] for i < n; w may be NULL
  * (then no scaling). y may alias x. */
 void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, float eps);

@@ -81,28 +81,49 @@ void nm_matmul_swiglu_by(nm_matmul_fn fn, const nm_mat *wg, const nm_mat *wu, co
 }
 
 typedef struct matmul_ctx {
-    const nm_mat *w;
+    const nm_mat *const *w;
     const float *x;
     int64_t ldx, m;
-    float *y;
-    int64_t ldy, tile;
+    float *const *y;
+    const int64_t *ldy;
+    int64_t tile;
+    int first_task[NM_MATMUL_MAX_N + 1]; /* matrix i's tasks: [first_task[i], first_task[i + 1]) */
 } matmul_ctx;
 
 static void matmul_task(void *p, int i, int thread) {
     (void)thread;
     const matmul_ctx *c = p;
-    const int64_t j0 = (int64_t)i * c->tile;
-    const int64_t j1 = j0 + c->tile < c->w->n ? j0 + c->tile : c->w->n;
-    nm_matmul_forward(c->w, c->x, c->ldx, c->m, c->y, c->ldy, j0, j1);
+    int a = 0;
+    while (i >= c->first_task[a + 1])
+        a++;
+    const nm_mat *w = c->w[a];
+    const int64_t j0 = (int64_t)(i - c->first_task[a]) * c->tile;
+    const int64_t j1 = j0 + c->tile < w->n ? j0 + c->tile : w->n;
+    nm_matmul_forward(w, c->x, c->ldx, c->m, c->y[a], c->ldy[a], j0, j1);
+}
+
+void nm_matmul_parallel_n(nm_pool *pool, int n_w, const nm_mat *const *w, const float *x,
+                          int64_t ldx, int64_t m, float *const *y, const int64_t *ldy) {
+    NM_ASSERT(n_w >= 1 && n_w <= NM_MATMUL_MAX_N);
+    const int64_t n_threads = nm_pool_n_threads(pool);
+    int64_t n_all = 0;
+    for (int a = 0; a < n_w; a++) {
+        NM_ASSERT(w[a]->k == w[0]->k);
+        n_all += w[a]->n;
+    }
+    /* about 2 tiles per thread, so that a thread slowed down is helped;
+     * not more: each tile quantises or rounds all of x again (4 a thread
+     * cost 10% more than 2 at pp512, docs/PERFORMANCE.md) */
+    const int64_t tile = ((n_all + 2 * n_threads - 1) / (2 * n_threads) + 15) / 16 * 16;
+    matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
+    for (int a = 0; a < n_w; a++)
+        c.first_task[a + 1] = c.first_task[a] + (int)((w[a]->n + tile - 1) / tile);
+    nm_pool_run(pool, matmul_task, &c, c.first_task[n_w]);
 }
 
 void nm_matmul_parallel(nm_pool *pool, const nm_mat *w, const float *x, int64_t ldx, int64_t m,
                         float *y, int64_t ldy) {
-    const int64_t n_threads = nm_pool_n_threads(pool);
-    /* about 4 tiles per thread, so uneven tiles balance */
-    const int64_t tile = ((w->n + 4 * n_threads - 1) / (4 * n_threads) + 15) / 16 * 16;
-    matmul_ctx c = {.w = w, .x = x, .ldx = ldx, .m = m, .y = y, .ldy = ldy, .tile = tile};
-    nm_pool_run(pool, matmul_task, &c, (int)((w->n + tile - 1) / tile));
+    nm_matmul_parallel_n(pool, 1, &w, x, ldx, m, &y, &ldy);
 }
 
 /* ---- per-thread kernel scratch ---- */

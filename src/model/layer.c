@@ -50,8 +50,8 @@ typedef struct rows_ctx {
     const nm_layer *l;
     const nm_model_batch *b;
     const float *norm_w, *norm_b; /* norm_rows */
-    float *dst;                   /* add_rows: dst += src (+ bias into src first) */
-    float *src;
+    float *dst;                   /* add_rows: dst += src (+ bias, summed first) */
+    const float *src;
     const float *bias;
     float *k_new, *v_new; /* qkv_rows: this batch's keys and values */
 } rows_ctx;
@@ -70,20 +70,25 @@ static void norm_all(const nm_model *m, const nm_model_batch *b, int32_t n, cons
     nm_pool_for(b->pool, n, ROWS_MIN, norm_rows, &c);
 }
 
-/* Rows [t0, t1): src += bias (when there is one), then dst += src. */
+/* Rows [t0, t1): dst += src + bias (src + bias rounded first, as ggml adds
+ * a projection's bias before the residual), or dst += src. */
 static void add_rows(void *p, int64_t t0, int64_t t1) {
     const rows_ctx *c = p;
     const int64_t d = c->m->hp.n_embd;
     for (int64_t t = t0; t < t1; t++) {
-        float *dst = c->dst + t * d, *src = c->src + t * d;
-        add_bias(src, c->bias, d);
-        for (int64_t i = 0; i < d; i++)
-            dst[i] += src[i];
+        float *dst = c->dst + t * d;
+        const float *src = c->src + t * d;
+        if (c->bias)
+            for (int64_t i = 0; i < d; i++)
+                dst[i] += src[i] + c->bias[i];
+        else
+            for (int64_t i = 0; i < d; i++)
+                dst[i] += src[i];
     }
 }
 
-static void add_all(const nm_model *m, const nm_model_batch *b, int32_t n, float *dst, float *src,
-                    const float *bias) {
+static void add_all(const nm_model *m, const nm_model_batch *b, int32_t n, float *dst,
+                    const float *src, const float *bias) {
     rows_ctx c = {.m = m, .b = b, .dst = dst, .src = src, .bias = bias};
     nm_pool_for(b->pool, n, ROWS_MIN, add_rows, &c);
 }
@@ -187,9 +192,10 @@ bool nm_model_attention(const nm_model *m, int32_t il, const nm_model_batch *b,
     if (!tap(b, il, "attn_norm", b->xn, d)) return false;
     /* by wq's type: converters give q, k and v one float type */
     compat_round_input(m, &l->wq, b->xn, (int64_t)n * d);
-    matmul(b->pool, &l->wq, b->xn, d, n, b->q, q_dim);
-    matmul(b->pool, &l->wk, b->xn, d, n, k_new, kv_dim);
-    matmul(b->pool, &l->wv, b->xn, d, n, v_new, kv_dim);
+    const nm_mat *qkv_w[3] = {&l->wq, &l->wk, &l->wv};
+    float *const qkv_y[3] = {b->q, k_new, v_new};
+    const int64_t qkv_ld[3] = {q_dim, kv_dim, kv_dim};
+    nm_matmul_parallel_n(b->pool, 3, qkv_w, b->xn, d, n, qkv_y, qkv_ld);
     rows_ctx qc = {.m = m, .l = l, .b = b, .k_new = k_new, .v_new = v_new};
     nm_pool_for(b->pool, n, ROWS_MIN, qkv_rows, &qc);
     if (!tap(b, il, "Qcur", b->q, q_dim) || !tap(b, il, "Kcur", k_new, kv_dim) ||
@@ -268,8 +274,10 @@ static float *swiglu_ffn(const nm_model *m, const nm_mat *w_gate, const nm_mat *
                          const nm_mat *w_down, const nm_model_batch *b) {
     const int64_t d = m->hp.n_embd, ff = w_gate->n, n = b->n_real;
     float *gate = b->shexp, *up = gate + n * ff, *out = up + n * ff;
-    matmul(b->pool, w_gate, b->xn, d, n, gate, ff);
-    matmul(b->pool, w_up, b->xn, d, n, up, ff);
+    const nm_mat *gu_w[2] = {w_gate, w_up};
+    float *const gu_y[2] = {gate, up};
+    const int64_t gu_ld[2] = {ff, ff};
+    nm_matmul_parallel_n(b->pool, 2, gu_w, b->xn, d, n, gu_y, gu_ld);
     nm_swiglu_forward(gate, up, gate, n * ff);
     compat_round_input(m, w_down, gate, n * ff);
     matmul(b->pool, w_down, gate, ff, n, out, d);
@@ -305,8 +313,7 @@ static bool shared_expert(const nm_model *m, const nm_layer *l, int32_t il, cons
         out = own;
     }
     if (!tap(b, il, "ffn_shexp_out", out, d)) return false;
-    for (int64_t i = 0; i < n * d; i++)
-        b->proj[i] += out[i];
+    add_all(m, b, (int32_t)n, b->proj, out, NULL);
     return true;
 }
 

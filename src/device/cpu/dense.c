@@ -161,8 +161,10 @@ static void shared_expert(nm_cpu_dense *g, nm_pool *pool) {
     const nm_dense_spec *s = &g->spec;
     const int32_t n = s->rows;
     const int64_t d = s->d_model, ff = s->n_ff_shexp;
-    nm_matmul_parallel(pool, &s->shexp_gate, g->xn, d, n, g->sh_gate, ff);
-    nm_matmul_parallel(pool, &s->shexp_up, g->xn, d, n, g->sh_up, ff);
+    const nm_mat *gu_w[2] = {&s->shexp_gate, &s->shexp_up};
+    float *const gu_y[2] = {g->sh_gate, g->sh_up};
+    const int64_t gu_ld[2] = {ff, ff};
+    nm_matmul_parallel_n(pool, 2, gu_w, g->xn, d, n, gu_y, gu_ld);
     nm_swiglu_forward(g->sh_gate, g->sh_up, g->sh_gate, (int64_t)n * ff);
     nm_matmul_parallel(pool, &s->shexp_down, g->sh_gate, ff, n, g->sh_out, d);
     if (!s->shexp_gate_inp.data) return;
@@ -175,9 +177,10 @@ void nm_cpu_dense_run(nm_cpu_dense *g, nm_pool *pool) {
     const int32_t n = s->rows;
     const int64_t d = s->d_model;
     nm_pool_run(pool, attn_norm_task, g, n);
-    nm_matmul_parallel(pool, &s->wq, g->a, d, n, g->q, g->q_dim);
-    nm_matmul_parallel(pool, &s->wk, g->a, d, n, new_k(g, 0), g->kv_dim);
-    nm_matmul_parallel(pool, &s->wv, g->a, d, n, new_v(g, 0), g->kv_dim);
+    const nm_mat *qkv_w[3] = {&s->wq, &s->wk, &s->wv};
+    float *const qkv_y[3] = {g->q, new_k(g, 0), new_v(g, 0)};
+    const int64_t qkv_ld[3] = {g->q_dim, g->kv_dim, g->kv_dim};
+    nm_matmul_parallel_n(pool, 3, qkv_w, g->a, d, n, qkv_y, qkv_ld);
     nm_pool_run(pool, qk_task, g, n);
     const int32_t per = nm_attention_rows_per_call(s->n_head, s->n_head_kv);
     nm_pool_run(pool, attention_task, g, (n + per - 1) / per);
