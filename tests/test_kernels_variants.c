@@ -31,7 +31,6 @@
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -817,67 +816,11 @@ static void test_names(void) {
     CHECK(strcmp(nm_kernels_isa_name(NM_KERNELS_AVX2), "avx2") == 0);
 }
 
-#if defined(__x86_64__)
-/* A matmul on a thread of its own whose kernel scratch cannot be had (the
- * first allocation there fails): the kernel works in its stack buffer, many
- * blocks of rows, and gives the bits of the scratch's few blocks. */
-typedef struct scratchless_call {
-    const nm_mat *mat;
-    const float *x;
-    int64_t m;
-    float *y;
-    bool scratch_taken; /* whether the thread got its scratch after all */
-} scratchless_call;
-
-static void *scratchless_main(void *p) {
-    scratchless_call *c = p;
-    nm_alloc_fail_after(0);
-    nm_matmul_forward(c->mat, c->x, c->mat->k, c->m, c->y, c->mat->n, 0, c->mat->n);
-    nm_alloc_fail_after(-1);
-    c->scratch_taken = nm_kernel_scratch(0) != NULL; /* NULL: nothing was ever allocated */
-    return NULL;
-}
-
-static void test_scratch_fallback(void) {
-    const nm_kernels_isa start = nm_kernels_active();
-    const nm_kernels_isa isas[] = {NM_KERNELS_AVX512VNNI, NM_KERNELS_AMX};
-    const int64_t m = 300, n = 16, k = 4096;
-    float *wf = malloc((size_t)(n * k) * sizeof(float));
-    float *x = malloc((size_t)(m * k) * sizeof(float));
-    float *y = malloc((size_t)(m * n) * sizeof(float));
-    float *ys = malloc((size_t)(m * n) * sizeof(float));
-    for (int64_t i = 0; i < m * k; i++)
-        x[i] = frand();
-    for (size_t v = 0; v < sizeof isas / sizeof isas[0]; v++) {
-        if (!nm_kernels_isa_supported(isas[v])) continue;
-        CHECK(nm_kernels_force(isas[v]));
-        size_t rb = 0;
-        uint8_t *w = make_weights(NM_DTYPE_Q4_K, n, k, wf, &rb);
-        const nm_mat mat = {.data = w, .type = NM_DTYPE_Q4_K, .n = n, .k = k, .row_bytes = rb};
-        nm_matmul_forward(&mat, x, k, m, y, n, 0, n);
-        scratchless_call c = {.mat = &mat, .x = x, .m = m, .y = ys};
-        pthread_t t;
-        CHECK_INT_EQ(pthread_create(&t, NULL, scratchless_main, &c), 0);
-        CHECK_INT_EQ(pthread_join(t, NULL), 0);
-        CHECK(!c.scratch_taken);
-        CHECK(memcmp(y, ys, (size_t)(m * n) * sizeof(float)) == 0);
-        free(w);
-    }
-    nm_kernels_force(start);
-    free(wf);
-    free(x);
-    free(y);
-    free(ys);
-}
-#endif
 
 int main(void) {
     test_q8_0_dequant();
     test_golden_dequant();
     test_names();
-#if defined(__x86_64__)
-    test_scratch_fallback();
-#endif
     const nm_kernels_isa start = nm_kernels_active();
     const uint32_t types[] = {NM_DTYPE_F32,  NM_DTYPE_F16,  NM_DTYPE_BF16,
                               NM_DTYPE_Q8_0, NM_DTYPE_Q4_0, NM_DTYPE_Q4_K,
@@ -889,7 +832,7 @@ int main(void) {
      * avx512vnni's slice of one row (65536); 200 rows of 768 more than
      * the stack's block of quantised rows holds (xrows_buffer: one block in
      * the scratch), 200 of 4096 more than the scratch's too (two blocks;
-     * the stack's many blocks: test_scratch_fallback); amx's tiles of 16
+     * the stack's many blocks: test_kernel_scratch); amx's tiles of 16
      * rows and outputs, two by two, and its slices of BF16 rows (1024);
      * avx2's float spans of 512 elements over blocks of at most 64 columns */
     const int64_t shapes[][3] = {
