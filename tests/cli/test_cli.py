@@ -487,6 +487,16 @@ def main():
         t.get("threads") == 2 and t.get("tokens_per_s", 0) > 0 and len(t.get("samples_ts", [])) == 3
         for t in tj), "bench -p -n --json gives pp and tg tokens/s", r.stdout.decode()[:400])
     expect_error(bin_, ["bench", "-m", model, "-p", "0"], "-p", "bench -p 0")
+    expect_error(bin_, ["bench", "-m", model, "-p", "0", "-n", "0"], "nothing to measure",
+                 "bench -p 0 -n 0")
+    # -p 0 -n N: the tg test alone, as llama-bench runs it
+    r = run(bin_, ["bench", "-m", model, "-p", "0", "-n", "3", "-r", "1", "-t", "1", "--json"])
+    try:
+        tj = json.loads(r.stdout)
+    except ValueError:
+        tj = []
+    check(r.returncode == 0 and [t.get("test") for t in tj] == ["tg3"], "bench -p 0 -n 3 runs tg3 alone",
+          r.stdout.decode()[:400] + r.stderr.decode()[-300:])
     expect_error(bin_, ["bench", "-m", model, "-p", "8", "--modes", "dense"], "--modes",
                  "bench -p with --modes")
     # an F16 KV cache: the same logits to within half-precision rounding of K and V

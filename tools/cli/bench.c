@@ -179,10 +179,10 @@ static int write_json(FILE *f, const bench *b, const char *device) {
                 json_fixed(median(c->ttft_ms, b->reps), 3), "ttft_min_ms",
                 json_fixed(minimum(c->ttft_ms, b->reps), 3), "ttft_max_ms",
                 json_fixed(maximum(c->ttft_ms, b->reps), 3), "host_cpu_ms",
-                json_fixed(median(c->cpu_ms, b->reps), 3), "dispatches",
-                (json_int_t)m->dispatches, "chunks", (json_int_t)m->chunks, "graphs_compiled",
-                (json_int_t)c->graphs_compiled, "device_busy_ms", json_fixed(c->device_busy_ms, 3),
-                "padding_waste", json_fixed(ratio(m->reserved_rows - m->device_rows, m->reserved_rows), 6),
+                json_fixed(median(c->cpu_ms, b->reps), 3), "dispatches", (json_int_t)m->dispatches,
+                "chunks", (json_int_t)m->chunks, "graphs_compiled", (json_int_t)c->graphs_compiled,
+                "device_busy_ms", json_fixed(c->device_busy_ms, 3), "padding_waste",
+                json_fixed(ratio(m->reserved_rows - m->device_rows, m->reserved_rows), 6),
                 "drop_rate", json_fixed(ratio(m->dropped, m->assignments), 6), "spill_rate",
                 json_fixed(ratio(m->spilled, m->assignments), 6), "moe_ms_per_chunk",
                 json_fixed(moe_ms_per_chunk(b, c), 4));
@@ -208,9 +208,9 @@ static int write_json(FILE *f, const bench *b, const char *device) {
         json_decref(results);
         results = NULL;
     }
-    json_t *doc = json_pack("{s:s, s:i, s:i, s:o, s:o}", "device", device, "chunk", b->chunk,
-                            "reps", b->reps, "results", results, "predicted_chunk_ms",
-                            json_fixed(predicted_chunk_ms(b), 4));
+    json_t *doc =
+        json_pack("{s:s, s:i, s:i, s:o, s:o}", "device", device, "chunk", b->chunk, "reps", b->reps,
+                  "results", results, "predicted_chunk_ms", json_fixed(predicted_chunk_ms(b), 4));
     return print_json(f, doc, JSON_COMPACT); /* one line, after the table on stdout */
 }
 
@@ -372,7 +372,7 @@ static nm_status run_length(nm_model *model, const cli_options *o, bench *b, int
 }
 
 int cmd_bench(nm_model *model, const cli_options *o) {
-    if (o->n_prompt || o->n_gen) return cmd_bench_throughput(model, o);
+    if (o->n_prompt >= 0 || o->n_gen >= 0) return cmd_bench_throughput(model, o);
     nm_error err = {0};
     bench b;
     memset(&b, 0, sizeof b);

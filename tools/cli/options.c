@@ -44,10 +44,10 @@ static const option_def option_table[] = {
     {"model", 'm', KIND_STR, F(model), 0, 0, CMD_QUANTIZE, "FILE",
      "the F32/F16/BF16 GGUF model to convert (required)"},
     {"prompt", 'p', KIND_STR, F(prompt), 0, 0, TEXT_IN & ~CMD_BENCH, "TEXT", "prompt text (UTF-8)"},
-    {"n-prompt", 'p', KIND_I32, F(n_prompt), 1, 1 << 20, CMD_BENCH, "N",
-     "throughput test: prompt processing of N random tokens (pp N), as llama-bench -p"},
-    {"n-gen", 'n', KIND_I32, F(n_gen), 1, 1 << 20, CMD_BENCH, "N",
-     "throughput test: generation of N tokens one by one (tg N), as llama-bench -n"},
+    {"n-prompt", 'p', KIND_I32, F(n_prompt), 0, 1 << 20, CMD_BENCH, "N",
+     "throughput test: prompt processing of N random tokens (pp N), as llama-bench -p; 0: none"},
+    {"n-gen", 'n', KIND_I32, F(n_gen), 0, 1 << 20, CMD_BENCH, "N",
+     "throughput test: generation of N tokens one by one (tg N), as llama-bench -n; 0: none"},
     {"file", 'f', KIND_STR, F(file), 0, 0, TEXT_IN, "FILE", "read the prompt from a file"},
     {"tokens", 0, KIND_STR, F(tokens), 0, 0, EVAL, "\"ID ID ...\"",
      "prompt as token ids, space separated"},
@@ -172,10 +172,12 @@ static const option_def option_table[] = {
     {"chat", 0, KIND_FLAG, F(chat), 0, 0, CMD_RUN, NULL,
      "format the prompt as a user message with the model's chat template (Qwen3, Phi-3.5, "
      "Mixtral, DeepSeek-V2, gpt-oss)"},
-    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN, "chatml|phi3|mistral|deepseek2|harmony",
+    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_RUN,
+     "chatml|phi3|mistral|deepseek2|harmony",
      "with --chat: use this format instead of recognising the file's template"},
     {"system", 0, KIND_STR, F(system), 0, 0, CMD_RUN, "TEXT", "with --chat: a system message"},
-    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_SERVE, "chatml|phi3|mistral|deepseek2|harmony",
+    {"chat-template", 0, KIND_STR, F(chat_template), 0, 0, CMD_SERVE,
+     "chatml|phi3|mistral|deepseek2|harmony",
      "the format of /v1/chat/completions' messages (default: the file's template)"},
     {"host", 0, KIND_STR, F(host), 0, 0, CMD_SERVE, "ADDR",
      "address to listen on (default 127.0.0.1); any other than loopback needs --api-key or "
@@ -263,6 +265,8 @@ static void set_defaults(cli_options *o) {
     memset(o, 0, sizeof *o);
     nm_sampler_params sp = nm_sampler_default_params();
     o->n_predict = 128;
+    o->n_prompt = -1; /* bench: -p/-n not given */
+    o->n_gen = -1;
     o->temperature = sp.temperature;
     o->top_k = sp.top_k;
     o->top_p = sp.top_p;

@@ -63,8 +63,8 @@ typedef struct cli_options {
     const char *salience;
     uint64_t device_memory;
     int32_t reps;
-    int32_t n_prompt;    /* bench throughput: pp length, 0 = none */
-    int32_t n_gen;       /* bench throughput: tg length, 0 = none */
+    int32_t n_prompt;    /* bench throughput: pp length, 0 = none, -1 = not given */
+    int32_t n_gen;       /* bench throughput: tg length, 0 = none, -1 = not given */
     const char *kv_type; /* --kv-type: "f32", "f16" or NULL (f32) */
     const char *lengths;
     const char *modes;

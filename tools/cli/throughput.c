@@ -53,14 +53,16 @@ int cmd_bench_throughput(nm_model *model, const cli_options *o) {
         return fail("-p/-n measure the dense engine: they take no --mode, --plan, --lengths or "
                     "--modes%s%s",
                     "", "");
+    if (o->n_prompt <= 0 && o->n_gen <= 0)
+        return fail("nothing to measure: -p and -n are both 0 or absent%s%s", "", "");
     tp_test tests[2];
     int n_tests = 0;
-    if (o->n_prompt) {
+    if (o->n_prompt > 0) {
         memset(&tests[n_tests], 0, sizeof tests[0]);
         snprintf(tests[n_tests].name, sizeof tests[0].name, "pp%d", o->n_prompt);
         tests[n_tests++].n_prompt = o->n_prompt;
     }
-    if (o->n_gen) {
+    if (o->n_gen > 0) {
         memset(&tests[n_tests], 0, sizeof tests[0]);
         snprintf(tests[n_tests].name, sizeof tests[0].name, "tg%d", o->n_gen);
         tests[n_tests++].n_gen = o->n_gen;
