@@ -93,7 +93,7 @@ static void host_new(host_layer *h, const nm_model *m, nm_kv_type kv_type) {
     h->router = calloc((size_t)T * hp->n_expert, 4);
     h->weights = calloc((size_t)T * hp->n_expert_used, 4);
     h->ids = calloc((size_t)T * hp->n_expert_used, 4);
-    h->probs = calloc((size_t)hp->n_expert, 4);
+    h->probs = calloc((size_t)T * hp->n_expert, 4);
     h->stage = calloc(2 * T * kv_dim, 4);
     h->shexp = calloc((size_t)T * (size_t)nm_model_shexp_scratch(hp) + 1, 4);
     h->k = calloc(N_POS * kv_dim, elem);

@@ -68,7 +68,7 @@ nm_status nm_batch_new(const nm_model *model, int32_t max_sessions, int32_t n_ct
     b->scores = zeroed((size_t)n_threads * (size_t)n_ctx, sizeof(float), &ok);
     b->router = zeroed(rows * (size_t)hp->n_expert, sizeof(float), &ok);
     b->weights = zeroed(rows * k, sizeof(float), &ok);
-    b->probs = zeroed((size_t)hp->n_expert, sizeof(float), &ok);
+    b->probs = zeroed(rows * (size_t)hp->n_expert, sizeof(float), &ok);
     if (nm_model_shexp_scratch(hp) > 0) /* nm_model_batch.shexp */
         b->shexp = zeroed(rows * (size_t)nm_model_shexp_scratch(hp), sizeof(float), &ok);
     b->ids = zeroed(rows * k, sizeof(int32_t), &ok);

@@ -27,7 +27,7 @@ struct nm_engine_state {
     float *proj;                       /* [n_batch][n_embd] block output          */
     float *scores;                     /* [n_threads][n_kv] attention scratch     */
     float *router;                     /* [n_batch][n_expert] router logits       */
-    float *probs;                      /* [n_expert] routing scratch              */
+    float *probs;                      /* [n_batch][n_expert] routing scratch     */
     float *shexp;                      /* [n_batch][..] shared expert, or NULL    */
     int32_t *ids;                      /* [n_batch][k] chosen experts             */
     float *weights;                    /* [n_batch][k] their weights              */
@@ -43,8 +43,8 @@ struct nm_engine_state {
     nm_device *device;          /* the static mode's, or NULL */
     nm_device_stats *dev_layer; /* [MoE layers] the device's work inside each layer's step of
                                    static chunks, since creation or the last reset */
-    const float *rope_factors; /* [n_rot / 2] the model's short or long ones, or NULL */
-    nm_tap_fn tap;             /* the session's tap, NULL: none */
+    const float *rope_factors;  /* [n_rot / 2] the model's short or long ones, or NULL */
+    nm_tap_fn tap;              /* the session's tap, NULL: none */
     void *tap_ctx;
     const char *stop_name; /* the tensor whose tap asked to stop the batch, or NULL */
     int32_t stop_layer;
@@ -107,7 +107,7 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
     st->proj = alloc_floats(st, nb * d, &ok);
     st->scores = alloc_floats(st, (size_t)n_threads * (size_t)st->n_kv, &ok);
     st->router = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
-    st->probs = alloc_floats(st, (size_t)hp->n_expert, &ok);
+    st->probs = alloc_floats(st, nb * (size_t)hp->n_expert, &ok);
     st->weights = alloc_floats(st, nb * k, &ok);
     if (nm_model_shexp_scratch(hp) > 0) /* nm_model_batch.shexp */
         st->shexp = alloc_floats(st, nb * (size_t)nm_model_shexp_scratch(hp), &ok);
@@ -150,10 +150,10 @@ nm_status nm_engine_state_new(const nm_model *m, const nm_state_params *p, nm_en
         for (int32_t il = 0; want && il < hp->n_layer; il++) {
             /* the plan's and the executor's layers are the MoE layers */
             const int32_t ml = nm_model_moe_index(hp, il);
-            want[il] = nm_model_layer_is_moe(hp, il) &&
-                       (p->mode == NM_MODE_NPUMOE && p->dense_on_device
-                            ? p->dense_on_device[ml]
-                            : nm_moe_exec_uses_device(st->prefill, ml));
+            want[il] =
+                nm_model_layer_is_moe(hp, il) && (p->mode == NM_MODE_NPUMOE && p->dense_on_device
+                                                      ? p->dense_on_device[ml]
+                                                      : nm_moe_exec_uses_device(st->prefill, ml));
         }
         if (s == NM_OK)
             s = nm_engine_dense_new(m, p->device, want, n_batch, st->n_kv, p->kv_type,

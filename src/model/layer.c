@@ -249,15 +249,24 @@ bool nm_model_route(const nm_model *m, int32_t il, const nm_model_batch *b) {
     return nm_model_route_logits(m, il, b);
 }
 
+/* The routing of rows [t0, t1), each with its own row of the scratch. */
+static void route_rows(void *p, int64_t t0, int64_t t1) {
+    const rows_ctx *c = p;
+    const nm_hparams *hp = &c->m->hp;
+    const nm_model_batch *b = c->b;
+    const int64_t ne = hp->n_expert, k = hp->n_expert_used;
+    for (int64_t t = t0; t < t1; t++)
+        c->m->route(hp, b->router + t * ne, b->ids + t * k, b->weights + t * k, b->probs + t * ne);
+}
+
 bool nm_model_route_logits(const nm_model *m, int32_t il, const nm_model_batch *b) {
     const nm_hparams *hp = &m->hp;
     const nm_layer *l = &m->layers[il];
     const int32_t n = b->n_real;
-    const int64_t d = hp->n_embd, k = hp->n_expert_used;
+    const int64_t d = hp->n_embd;
     if (!tap(b, il, "ffn_moe_logits", b->router, hp->n_expert)) return false;
-    for (int32_t t = 0; t < n; t++)
-        m->route(hp, b->router + (size_t)t * hp->n_expert, b->ids + t * k, b->weights + t * k,
-                 b->probs);
+    rows_ctx c = {.m = m, .b = b};
+    nm_pool_for(b->pool, n, ROWS_MIN, route_rows, &c);
     compat_round_input(m, &l->experts.gate, b->xn, (int64_t)n * d);
     return true;
 }

@@ -327,7 +327,7 @@ typedef struct nm_model_batch {
     float *router;         /* [n_real][n_expert] router logits */
     int32_t *ids;          /* [n_real][n_expert_used] experts chosen */
     float *weights;        /* [n_real][n_expert_used] their weights */
-    float *probs;          /* [n_expert] routing scratch */
+    float *probs;          /* [n_rows][n_expert] routing scratch, a row a token */
     /* [n_rows][nm_model_shexp_scratch(hp)] the shared expert's or a dense
      * layer's FFN work; NULL when the model has neither */
     float *shexp;
