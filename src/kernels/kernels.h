@@ -240,6 +240,13 @@ void nm_rmsnorm_forward(const float *x, const float *w, float *y, int64_t n, flo
  * alias x. */
 void nm_layernorm_forward(const float *x, const float *w, float *y, int64_t n, float eps);
 
+/* The QK norm of one row, in place: nm_rmsnorm_forward of each head of q
+ * ([n_head][head_dim]) and of k ([n_head_kv][head_dim]) with the weights
+ * qw, kw [head_dim] (per_head), or of the whole of q and of k with qw
+ * [n_head * head_dim], kw [n_head_kv * head_dim]. */
+void nm_qk_norm_forward(float *q, float *k, int n_head, int n_head_kv, int64_t head_dim,
+                        const float *qw, const float *kw, bool per_head, float eps);
+
 /* A block's norm: nm_layernorm_forward (layer) or nm_rmsnorm_forward, then
  * + b[i] when b is not NULL. */
 void nm_norm_bias_forward(bool layer, const float *x, const float *w, const float *b, float *y,

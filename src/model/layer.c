@@ -157,15 +157,9 @@ static void qkv_rows(void *p, int64_t t0, int64_t t1) {
         add_bias(qt, l->bq, q_dim);
         add_bias(kt, l->bk, kv_dim);
         add_bias(vt, l->bv, kv_dim);
-        if (hp->qk_norm == NM_QK_NORM_HEAD) {
-            for (int h = 0; h < hp->n_head; h++)
-                nm_rmsnorm_forward(qt + h * hd, l->q_norm, qt + h * hd, hd, hp->rms_eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
-                nm_rmsnorm_forward(kt + h * hd, l->k_norm, kt + h * hd, hd, hp->rms_eps);
-        } else if (hp->qk_norm == NM_QK_NORM_WHOLE) {
-            nm_rmsnorm_forward(qt, l->q_norm, qt, q_dim, hp->rms_eps);
-            nm_rmsnorm_forward(kt, l->k_norm, kt, kv_dim, hp->rms_eps);
-        }
+        if (hp->qk_norm != NM_QK_NORM_NONE)
+            nm_qk_norm_forward(qt, kt, hp->n_head, hp->n_head_kv, hd, l->q_norm, l->k_norm,
+                               hp->qk_norm == NM_QK_NORM_HEAD, hp->rms_eps);
         const int32_t pos = b->pos ? b->pos[t] : b->n_past + (int32_t)t;
         nm_model_rope(hp, b->rope_factors, qt, hp->n_head, pos);
         nm_model_rope(hp, b->rope_factors, kt, hp->n_head_kv, pos);

@@ -84,15 +84,9 @@ static void qk_task(void *p, int t, int thread) {
     add_bias(qt, s->bq, g->q_dim);
     add_bias(kt, s->bk, g->kv_dim);
     add_bias(vt, s->bv, g->kv_dim);
-    if (s->qk_norm == NM_DENSE_QK_HEAD) {
-        for (int h = 0; h < s->n_head; h++)
-            nm_rmsnorm_forward(qt + h * hd, s->q_norm, qt + h * hd, hd, s->norm_eps);
-        for (int h = 0; h < s->n_head_kv; h++)
-            nm_rmsnorm_forward(kt + h * hd, s->k_norm, kt + h * hd, hd, s->norm_eps);
-    } else if (s->qk_norm == NM_DENSE_QK_WHOLE) {
-        nm_rmsnorm_forward(qt, s->q_norm, qt, g->q_dim, s->norm_eps);
-        nm_rmsnorm_forward(kt, s->k_norm, kt, g->kv_dim, s->norm_eps);
-    }
+    if (s->qk_norm != NM_DENSE_QK_NONE)
+        nm_qk_norm_forward(qt, kt, s->n_head, s->n_head_kv, hd, s->q_norm, s->k_norm,
+                           s->qk_norm == NM_DENSE_QK_HEAD, s->norm_eps);
     const bool neox = s->rope == NM_DENSE_ROPE_NEOX;
     const int32_t pos = g->pos + t;
     nm_rope_forward(qt, s->n_head, hd, s->n_rot, pos, s->rope_freq_base, neox, s->rope_factors,

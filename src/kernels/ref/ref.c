@@ -99,6 +99,19 @@ void nm_layernorm_forward(const float *x, const float *w, float *y, int64_t n, f
         y[i] = (x[i] - mean) * scale * w[i];
 }
 
+void nm_qk_norm_forward(float *q, float *k, int n_head, int n_head_kv, int64_t head_dim,
+                        const float *qw, const float *kw, bool per_head, float eps) {
+    if (!per_head) {
+        nm_rmsnorm_forward(q, qw, q, n_head * head_dim, eps);
+        nm_rmsnorm_forward(k, kw, k, n_head_kv * head_dim, eps);
+        return;
+    }
+    for (int h = 0; h < n_head; h++)
+        nm_rmsnorm_forward(q + h * head_dim, qw, q + h * head_dim, head_dim, eps);
+    for (int h = 0; h < n_head_kv; h++)
+        nm_rmsnorm_forward(k + h * head_dim, kw, k + h * head_dim, head_dim, eps);
+}
+
 void nm_norm_bias_forward(bool layer, const float *x, const float *w, const float *b, float *y,
                           int64_t n, float eps) {
     if (layer)
