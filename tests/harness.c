@@ -13,6 +13,18 @@
 int nm_test_failures = 0;
 int nm_test_checks = 0;
 
+uint64_t nm_test_xorshift(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+float nm_test_frand(uint64_t *state) {
+    return (float)((nm_test_xorshift(state) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
 int nm_test_finish(const char *name) {
     printf("%s: %d passed, %d failed\n", name, nm_test_checks - nm_test_failures, nm_test_failures);
     return nm_test_failures == 0 ? 0 : 1;

@@ -47,6 +47,11 @@ extern int nm_test_checks;
         }                                                                                          \
     } while (0)
 
+/* The xorshift64 generator the tests draw from: advances *state (never 0)
+ * and returns it; nm_test_frand maps its top 53 bits to a float in [-1, 1). */
+uint64_t nm_test_xorshift(uint64_t *state);
+float nm_test_frand(uint64_t *state);
+
 /* Prints "<name>: N passed, M failed" and returns the exit status. */
 int nm_test_finish(const char *name);
 

@@ -50,10 +50,7 @@ enum { N_DEVICES = sizeof devices / sizeof devices[0] };
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static float rng_float(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)(rng >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    return (float)(nm_test_xorshift(&rng) >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
 /* Largest |a - b| over n values (0 only when every pair is equal). */

@@ -19,12 +19,7 @@
 
 #if defined(__x86_64__)
 static uint64_t rng = 0x2545f4914f6cdd1dull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
+static float frand(void) { return nm_test_frand(&rng); }
 
 /* A product of more rows than the stack's block of quantised rows holds
  * at this K (so the scratch is asked for), on a thread of its own. */

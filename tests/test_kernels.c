@@ -16,12 +16,7 @@
 #include <string.h>
 
 static uint64_t rng = 88172645463325252ull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
+static float frand(void) { return nm_test_frand(&rng); }
 
 static void test_conversions(void) {
     int mismatches = 0;

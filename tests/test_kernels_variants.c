@@ -35,12 +35,7 @@
 #include <string.h>
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
+static float frand(void) { return nm_test_frand(&rng); }
 
 static uint8_t random_byte(void) {
     frand();
@@ -815,7 +810,6 @@ static void test_names(void) {
     CHECK(nm_kernels_isa_supported(NM_KERNELS_REF));
     CHECK(strcmp(nm_kernels_isa_name(NM_KERNELS_AVX2), "avx2") == 0);
 }
-
 
 int main(void) {
     test_q8_0_dequant();
