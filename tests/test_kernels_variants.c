@@ -847,6 +847,13 @@ int main(void) {
                 const int64_t k = (shapes[s][2] + bs - 1) / bs * bs;
                 check_matmul((nm_kernels_isa)isa, types[t], shapes[s][0], shapes[s][1], k);
             }
+        /* amx's BF16 products of more than four row tiles take groups of
+         * up to 16 of them (two groups here) and blocks of columns (256 of
+         * K = 2048, 128 for gate and up together: two and three here) */
+        if (isa == NM_KERNELS_AMX) {
+            check_matmul((nm_kernels_isa)isa, NM_DTYPE_BF16, 66, 260, 2048);
+            check_matmul((nm_kernels_isa)isa, NM_DTYPE_BF16, 300, 40, 96);
+        }
         if (isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX)
             for (int64_t m = 1; m <= 20; m += 19) {
                 check_mxfp4_scales((nm_kernels_isa)isa, 0, 3, 0x1.0p100f, m);

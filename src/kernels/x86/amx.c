@@ -66,9 +66,15 @@ static void use_config(int id) {
 
 /* BF_KC: K elements per slice (a multiple of 32); the slices' partial sums
  * go through y (a float stored and reloaded is the same float). BF_MB:
- * activation tiles (16 rows each) rounded per block, which every 32 weight
- * rows then meet, two at a time (64 KiB of the stack for each). */
-enum { BF_KC = 2048, BF_MB = 4 };
+ * activation tiles (16 rows each) of a block of rows, which every 32 weight
+ * rows then meet, two at a time (64 KiB of the stack for each).
+ * For more rows than one block, groups of up to BF_GROUP row tiles (1 MiB
+ * at BF_KC) rounded at once into the thread's kernel scratch, and
+ * BF_COL_BYTES: the weights (of w and w2) of a block of columns that all
+ * the group's blocks of rows meet before the next block of columns, so
+ * that they come from L2, not memory, after the first (half of a 2 MiB
+ * L2). */
+enum { BF_KC = 2048, BF_MB = 4, BF_GROUP = 16, BF_COL_BYTES = 1 << 20 };
 
 /* n_left (> 0) activations as bfloat16 pairs, 32 at a time, rounded as
  * avx512bf16's load_x32 rounds them; zero past n_left. */
@@ -195,11 +201,11 @@ static void bf16_c_io(int load, int ng, int mg, float *cbuf, float *y, int64_t l
         }
 }
 
-/* Outputs [j, min(j + 32, j1)) of w for the activation tiles xt of rows
- * [i0, i0 + mi) over the slice k0 + [0, kn). */
+/* Outputs [j, min(j + 32, j1)) of w for the activation tiles of rows
+ * [i0, i0 + mi) over the slice k0 + [0, kn): tile h at xt + h * xt_step. */
 static inline __attribute__((always_inline)) void
 bf16_cols(const nm_mat *w, int64_t j, int64_t j1, int64_t k0, int64_t kn, int64_t i0, int64_t mi,
-          uint32_t (*xt)[BF_KC / 2 * 16], uint16_t (*apad)[16 * BF_KC], float *cbuf, float *y,
+          const uint32_t *xt, int64_t xt_step, uint16_t (*apad)[16 * BF_KC], float *cbuf, float *y,
           int64_t ldy, int64_t m) {
     const int64_t k = w->k, nkb = (kn + 31) / 32;
     const uint8_t *base = w->data;
@@ -224,7 +230,7 @@ bf16_cols(const nm_mat *w, int64_t j, int64_t j1, int64_t k0, int64_t kn, int64_
     }
     for (int h = 0; h < mg; h += 2) {
         const int mp = mg - h > 1 ? 2 : 1;
-        const uint32_t *xts[2] = {xt[h], xt[h + mp - 1]};
+        const uint32_t *xts[2] = {xt + h * xt_step, xt + (h + mp - 1) * xt_step};
         const int64_t i = i0 + 16 * h;
         if (!first) bf16_c_io(1, ng, mp, cbuf, y, ldy, i, m, j, j1);
         /* While the first activation tiles meet these rows, the
@@ -246,31 +252,60 @@ bf16_cols(const nm_mat *w, int64_t j, int64_t j1, int64_t k0, int64_t kn, int64_
 
 /* y = x w^T over [j0, j1); with w2 (BF16 of w's shape), also y2 = x w2^T
  * from the same activation tiles, then y = silu(y) * y2 (nm_swiglu_forward)
- * for each 32 columns once the last slice of K is summed. */
+ * for each 32 columns once the last slice of K is summed. The order in
+ * which blocks of rows and columns are taken does not change an output:
+ * it is always the same tile products over its row and column. */
 static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64_t ldx, int64_t m,
                         float *y, int64_t ldy, float *y2, int64_t ldy2, int64_t j0, int64_t j1) {
     use_config(CFG_BF16);
     const int64_t k = w->k;
     NM_ASSERT(!w2 || (w2->type == w->type && w2->n == w->n && w2->k == k));
-    _Alignas(64) uint32_t xt[BF_MB][BF_KC / 2 * 16]; /* tiles B of BF_MB row tiles */
-    _Alignas(64) uint16_t apad[2][16 * BF_KC];       /* tiles A that cannot be read in place */
-    _Alignas(64) float cbuf[2 * 2 * 256];            /* C tiles: [g][h][n][m] */
+    enum { STACK_STEP = BF_KC / 2 * 16 };               /* dwords of a row tile's B tiles */
+    _Alignas(64) uint32_t xt_stack[BF_MB * STACK_STEP]; /* tiles B of BF_MB row tiles */
+    _Alignas(64) uint16_t apad[2][16 * BF_KC];          /* tiles A that cannot be read in place */
+    _Alignas(64) float cbuf[2 * 2 * 256];               /* C tiles: [g][h][n][m] */
     for (int64_t k0 = 0; k0 < k; k0 += BF_KC) {
         const int64_t kn = k - k0 < BF_KC ? k - k0 : BF_KC;
-        for (int64_t i0 = 0; i0 < m; i0 += 16 * BF_MB) {
-            const int64_t mi = m - i0 < 16 * BF_MB ? m - i0 : 16 * BF_MB;
-            const int mg = (int)((mi + 15) / 16);
-            for (int h = 0; h < mg; h++) {
-                const int rows = (int)(mi - 16 * h < 16 ? mi - 16 * h : 16);
-                bf16_b_tiles(x + (i0 + 16 * h) * ldx + k0, ldx, rows, kn, xt[h]);
+        const int64_t all_step = (kn + 31) / 32 * 256; /* dwords of a row tile's B tiles */
+        for (int64_t g0 = 0; g0 < m; g0 += 16 * BF_GROUP) {
+            const int64_t g1 = m - g0 < 16 * BF_GROUP ? m : g0 + 16 * BF_GROUP;
+            const int64_t n_tiles = (g1 - g0 + 15) / 16;
+            /* more rows than a block: the group's row tiles at once, in the
+             * kernel scratch (where it cannot be had, block by block on the
+             * stack, as for fewer rows) */
+            uint32_t *all =
+                n_tiles > BF_MB ? nm_kernel_scratch((size_t)(BF_GROUP * all_step) * 4) : NULL;
+            const int64_t xt_step = all ? all_step : STACK_STEP;
+            int64_t cb = j1 - j0; /* columns per block */
+            if (all) {
+                for (int64_t t = 0; t < n_tiles; t++) {
+                    const int64_t i = g0 + 16 * t;
+                    bf16_b_tiles(x + i * ldx + k0, ldx, (int)(g1 - i < 16 ? g1 - i : 16), kn,
+                                 all + t * all_step);
+                }
+                cb = BF_COL_BYTES / (kn * 2 * (w2 ? 2 : 1)) / 32 * 32;
+                if (cb < 32) cb = 32;
             }
-            for (int64_t j = j0; j < j1; j += 32) {
-                bf16_cols(w, j, j1, k0, kn, i0, mi, xt, apad, cbuf, y, ldy, m);
-                if (!w2) continue;
-                bf16_cols(w2, j, j1, k0, kn, i0, mi, xt, apad, cbuf, y2, ldy2, m);
-                if (k0 + kn < k) continue;
-                const int64_t je = j + 32 < j1 ? j + 32 : j1;
-                nm_swiglu_block(y, ldy, y2, ldy2, i0, i0 + mi, j, je);
+            for (int64_t jb = j0; jb < j1; jb += cb) {
+                const int64_t jbe = j1 - jb < cb ? j1 : jb + cb;
+                for (int64_t i0 = g0; i0 < g1; i0 += 16 * BF_MB) {
+                    const int64_t mi = g1 - i0 < 16 * BF_MB ? g1 - i0 : 16 * BF_MB;
+                    const uint32_t *xt = all ? all + (i0 - g0) / 16 * all_step : xt_stack;
+                    if (!all)
+                        for (int h = 0; h < (int)((mi + 15) / 16); h++) {
+                            const int rows = (int)(mi - 16 * h < 16 ? mi - 16 * h : 16);
+                            bf16_b_tiles(x + (i0 + 16 * h) * ldx + k0, ldx, rows, kn,
+                                         xt_stack + h * STACK_STEP);
+                        }
+                    for (int64_t j = jb; j < jbe; j += 32) {
+                        bf16_cols(w, j, jbe, k0, kn, i0, mi, xt, xt_step, apad, cbuf, y, ldy, m);
+                        if (!w2) continue;
+                        bf16_cols(w2, j, jbe, k0, kn, i0, mi, xt, xt_step, apad, cbuf, y2, ldy2, m);
+                        if (k0 + kn < k) continue;
+                        nm_swiglu_block(y, ldy, y2, ldy2, i0, i0 + mi, j,
+                                        j + 32 < jbe ? j + 32 : jbe);
+                    }
+                }
             }
         }
     }
@@ -298,8 +333,8 @@ static inline __attribute__((always_inline)) void unit_scale(uint32_t type, cons
     for (int r = 0; r < MT; r++) {
         const nm_xblock *xb = &xm[r];
         const __m512i sums = _mm512_load_si512(cs + 16 * r);
-        const __m512 dot = _mm512_cvtepi32_ps(
-            k_quant ? sums : _mm512_add_epi32(sums, _mm512_set1_epi32(xb->c)));
+        const __m512 dot =
+            _mm512_cvtepi32_ps(k_quant ? sums : _mm512_add_epi32(sums, _mm512_set1_epi32(xb->c)));
         acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(xb->d)), acc[r]);
         if (k_quant)
             acc[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(aux), _mm512_set1_ps(xb->f), acc[r]);
