@@ -183,21 +183,22 @@ static void bf16_c_io(int load, int ng, int mg, float *cbuf, float *y, int64_t l
         for (int h = 0; h < mg; h++) {
             float *cv = cbuf + (g * 2 + h) * 256;
             const int64_t jg = j + 16 * g, ih = i + 16 * h;
+            const __mmask16 cols = (__mmask16)(j1 - jg >= 16 ? 0xffff : (1u << (j1 - jg)) - 1);
+            __m512i in[16], out[16];
             if (!load) {
-                __m512i in[16], out[16];
                 for (int c = 0; c < 16; c++)
                     in[c] = _mm512_load_si512(cv + 16 * c);
                 transpose16(in, out);
-                const __mmask16 cols = (__mmask16)(j1 - jg >= 16 ? 0xffff : (1u << (j1 - jg)) - 1);
                 for (int r = 0; r < 16 && ih + r < m; r++)
                     _mm512_mask_storeu_epi32(y + (ih + r) * ldy + jg, cols, out[r]);
                 continue;
             }
             for (int r = 0; r < 16; r++)
-                for (int c = 0; c < 16; c++) {
-                    const int64_t ii = ih + r, jj = jg + c;
-                    cv[c * 16 + r] = ii < m && jj < j1 ? y[ii * ldy + jj] : 0.0f;
-                }
+                in[r] = ih + r < m ? _mm512_maskz_loadu_epi32(cols, y + (ih + r) * ldy + jg)
+                                   : _mm512_setzero_si512();
+            transpose16(in, out);
+            for (int c = 0; c < 16; c++)
+                _mm512_store_si512(cv + 16 * c, out[c]);
         }
 }
 
