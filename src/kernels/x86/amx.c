@@ -131,6 +131,15 @@ static void bf16_b_tiles(const float *x, int64_t ldx, int rows, int64_t kn, uint
     }
 }
 
+/* The B tiles of rows [i0, i1) of x over the slice k0 + [0, kn), tile t
+ * (rows i0 + 16 t on) at xt + t * step. */
+static void bf16_row_tiles(const float *x, int64_t ldx, int64_t i0, int64_t i1, int64_t k0,
+                           int64_t kn, uint32_t *xt, int64_t step) {
+    for (int64_t i = i0; i < i1; i += 16)
+        bf16_b_tiles(x + i * ldx + k0, ldx, (int)(i1 - i < 16 ? i1 - i : 16), kn,
+                     xt + (i - i0) / 16 * step);
+}
+
 /* NG x MG tiles of C over nkb blocks: A (weights) from a[g] (row stride
  * lda), B from xt[h] (blocks of 16 x 16 dwords). first: C starts at 0,
  * else from cbuf. C tile (g, h) is stored to cbuf + (g * 2 + h) * 256. pf:
@@ -279,11 +288,7 @@ static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64
             const int64_t xt_step = all ? all_step : STACK_STEP;
             int64_t cb = j1 - j0; /* columns per block */
             if (all) {
-                for (int64_t t = 0; t < n_tiles; t++) {
-                    const int64_t i = g0 + 16 * t;
-                    bf16_b_tiles(x + i * ldx + k0, ldx, (int)(g1 - i < 16 ? g1 - i : 16), kn,
-                                 all + t * all_step);
-                }
+                bf16_row_tiles(x, ldx, g0, g1, k0, kn, all, all_step);
                 cb = BF_COL_BYTES / (kn * 2 * (w2 ? 2 : 1)) / 32 * 32;
                 if (cb < 32) cb = 32;
             }
@@ -292,12 +297,7 @@ static void matmul_bf16(const nm_mat *w, const nm_mat *w2, const float *x, int64
                 for (int64_t i0 = g0; i0 < g1; i0 += 16 * BF_MB) {
                     const int64_t mi = g1 - i0 < 16 * BF_MB ? g1 - i0 : 16 * BF_MB;
                     const uint32_t *xt = all ? all + (i0 - g0) / 16 * all_step : xt_stack;
-                    if (!all)
-                        for (int h = 0; h < (int)((mi + 15) / 16); h++) {
-                            const int rows = (int)(mi - 16 * h < 16 ? mi - 16 * h : 16);
-                            bf16_b_tiles(x + (i0 + 16 * h) * ldx + k0, ldx, rows, kn,
-                                         xt_stack + h * STACK_STEP);
-                        }
+                    if (!all) bf16_row_tiles(x, ldx, i0, i0 + mi, k0, kn, xt_stack, STACK_STEP);
                     for (int64_t j = jb; j < jbe; j += 32) {
                         bf16_cols(w, j, jbe, k0, kn, i0, mi, xt, xt_step, apad, cbuf, y, ldy, m);
                         if (!w2) continue;
