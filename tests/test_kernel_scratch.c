@@ -43,7 +43,7 @@ static void *call_main(void *p) {
 }
 
 /* mat (m rows of x) on this thread (in its scratch), on a thread whose
- * allocations fail (in its stack buffer), and on two threads at once with
+ * first allocation fails (in its stack buffer), and on two threads at once with
  * their own scratch: the same bits each time. */
 static void check_threads(const nm_mat *mat, const float *x, int64_t m, float *y[3]) {
     const size_t bytes = (size_t)m * (size_t)mat->n * sizeof(float);
