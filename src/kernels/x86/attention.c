@@ -167,7 +167,11 @@ static void widen_rows(const uint16_t *src, int64_t kv_stride, int nk, int hd, f
  * (row strides ks, vs). */
 ALWAYS_INLINE void attend_block(int nv, pass_scratch *s, const float *k, int64_t ks, const float *v,
                                 int64_t vs, int32_t kb, int nk, int hd, float scale) {
-    const int kt = nv == 2 ? 4 : 8; /* 8 accumulators: two FMA pipes, latency 4 */
+    /* at least 8 accumulators (two FMA pipes, latency 4); with 16 lanes the
+     * 32 registers hold 16, and a tile of 8 keys or dims loads each query
+     * or softmax-weight vector for 16 FMAs, not 8 (the same bits: each output
+     * is one FMA chain whatever the tile) */
+    const int kt = nv == 2 && LANES == 8 ? 4 : 8;
     int i = 0;
     for (; i + kt <= nk; i += kt)
         bcast_tile(nv, kt, k + i * ks, ks, 1, s->qt, hd, false, NULL, false, s->p + i * PASS_LANES);
@@ -175,7 +179,7 @@ ALWAYS_INLINE void attend_block(int nv, pass_scratch *s, const float *k, int64_t
         bcast_tile(nv, 1, k + i * ks, ks, 1, s->qt, hd, false, NULL, false, s->p + i * PASS_LANES);
     const bool rescale = softmax_block(nv, s, kb, nk, scale);
     const vf alpha[2] = {vf_load(s->alpha), vf_load(s->alpha + LANES)};
-    const int dt = nv == 2 ? 4 : 8;
+    const int dt = kt;
     int d = 0;
     for (; d + dt <= hd; d += dt)
         bcast_tile(nv, dt, v + d, 1, vs, s->p, nk, true, alpha, rescale, s->ot + d * PASS_LANES);
