@@ -52,7 +52,8 @@ def run_once(engine, model, args):
         field = "tokens_per_s"
         if engine["kernels"]:
             env["NPUMOE_KERNELS"] = engine["kernels"]
-    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         errors="replace")
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-3:]
         raise RuntimeError("%s on %s exited with %d: %s" %
@@ -62,11 +63,15 @@ def run_once(engine, model, args):
     except json.JSONDecodeError as e:
         raise RuntimeError("%s on %s: output is not JSON (%s)" % (engine["name"], model, e))
     got = {}
-    for t in tests:
-        if t.get("n_prompt", 0) > 0 and t.get("n_gen", 0) == 0:
-            got["pp"] = float(t[field])
-        elif t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0:
-            got["tg"] = float(t[field])
+    try:
+        for t in tests:
+            if t["n_prompt"] > 0 and t["n_gen"] == 0:
+                got["pp"] = float(t[field])
+            elif t["n_gen"] > 0 and t["n_prompt"] == 0:
+                got["tg"] = float(t[field])
+    except (KeyError, TypeError, ValueError) as e:
+        raise RuntimeError("%s on %s: unexpected JSON (%s: %s)" %
+                           (engine["name"], model, type(e).__name__, e))
     want = [k for k, n in (("pp", args.p), ("tg", args.n)) if n > 0]
     for k in want:
         if k not in got:

@@ -4,7 +4,8 @@ binaries of known speeds, whose medians and per-round ratios are known
 exactly; the rotation of the engines' order from round to round (read from
 the log the fakes keep); npumoe itself as an engine, its kernel variant
 passed through NPUMOE_KERNELS; and clear errors for a bad engine, a missing
-model, an engine that fails and output that is not JSON.
+model, an engine that fails, output that is not JSON and JSON without
+the speed.
 
 Usage: test_compare_peers.py NPUMOE --model GGUF (models/npumoe-tiny-moe.gguf)
 """
@@ -39,6 +40,9 @@ if %(mode)r == "fail":
     sys.exit(3)
 if %(mode)r == "garbage":
     print("not json")
+    sys.exit(0)
+if %(mode)r == "fields":
+    print(json.dumps([{"n_prompt": p, "n_gen": 0}]))
     sys.exit(0)
 out = []
 if p > 0:
@@ -133,6 +137,8 @@ def test_errors(tmp, model):
          "exited with 3: fake: out of memory"),
         (["-e", "x=llama-bench:" + fake(tmp, "peer_g", 1, 1, log, "garbage"), model], 1,
          "not JSON"),
+        (["-e", "x=llama-bench:" + fake(tmp, "peer_h", 1, 1, log, "fields"), model], 1,
+         "unexpected JSON (KeyError"),
     ]
     for args, code, needle in cases:
         r = compare(["-r", "1", "-p", "8", "-n", "2"] + args)
