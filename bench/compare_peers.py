@@ -39,6 +39,11 @@ def parse_engine(spec):
     return {"name": name, "kind": kind, "path": path, "kernels": kernels}
 
 
+def asked(args):
+    """The tests asked for: 'pp' (prompt of -p tokens), 'tg' (-n generated)."""
+    return [k for k, n in (("pp", args.p), ("tg", args.n)) if n > 0]
+
+
 def run_once(engine, model, args):
     """{'pp': t/s, 'tg': t/s} of one run (a test asked for and missing: an error)."""
     env = dict(os.environ)
@@ -72,8 +77,7 @@ def run_once(engine, model, args):
     except (KeyError, TypeError, ValueError) as e:
         raise RuntimeError("%s on %s: unexpected JSON (%s: %s)" %
                            (engine["name"], model, type(e).__name__, e))
-    want = [k for k, n in (("pp", args.p), ("tg", args.n)) if n > 0]
-    for k in want:
+    for k in asked(args):
         if k not in got:
             raise RuntimeError("%s on %s: no %s result in its output" % (engine["name"], model, k))
     return got
@@ -118,7 +122,7 @@ def main():
         if not os.path.isfile(m):
             ap.error("model %s: no such file" % m)
 
-    tests = [k for k, n in (("pp", args.p), ("tg", args.n)) if n > 0]
+    tests = asked(args)
     label = {"pp": "pp%d" % args.p, "tg": "tg%d" % args.n}
     # samples[(model, test, engine)][round]
     samples = {}
@@ -138,24 +142,24 @@ def main():
                       file=sys.stderr, flush=True)
 
     others = [n for n in names if n != ref]
-    print("%s; %s; %d round(s), finished %s UTC" % (cpu_model(), "%d CPUs online" % os.cpu_count(),
-                                               args.r, time.strftime("%Y-%m-%d %H:%M",
-                                                                     time.gmtime())))
+    print("%s; %d CPUs online; %d round(s), finished %s UTC" %
+          (cpu_model(), os.cpu_count(), args.r, time.strftime("%Y-%m-%d %H:%M", time.gmtime())))
     print()
-    print("| model | test | %s | %s |" % (" | ".join(names),
-                                         " | ".join("%s / %s" % (n, ref) for n in others)))
+
+    def row(cells):
+        print("| " + " | ".join(cells) + " |")
+
+    row(["model", "test"] + names + ["%s / %s" % (n, ref) for n in others])
     print("|---|---|" + "---:|" * (len(names) + len(others)))
     for m in args.models:
         for k in tests:
-            med = [statistics.median(samples[(m, k, n)].values()) for n in names]
-            cells = []
+            cells = [os.path.basename(m), label[k]]
+            cells += ["%.1f" % statistics.median(samples[(m, k, n)].values()) for n in names]
             for n in others:
                 ratios = [samples[(m, k, n)][r] / samples[(m, k, ref)][r] for r in range(args.r)]
                 cells.append("%.2f (%.2f-%.2f)" % (statistics.median(ratios), min(ratios),
                                                    max(ratios)))
-            print("| %s | %s | %s | %s |" % (os.path.basename(m), label[k],
-                                             " | ".join("%.1f" % v for v in med),
-                                             " | ".join(cells)))
+            row(cells)
     print()
     print("Samples, t/s, in round order:")
     print()

@@ -99,6 +99,11 @@ def test_closed_form(tmp, model):
     check(r.returncode == 0 and len(rows) == 1 and rows[0][1:] == ["pp8", "100.0", "1000.0",
                                                                    "0.10 (0.10-0.10)"],
           "--ref b, prefill only: a / b = 0.10, no generation row", r.stdout + r.stderr[-300:])
+    # one engine: its medians, no ratio columns
+    r = compare(["-r", "1", "-p", "8", "-n", "0", "-e", "a=llama-bench:" + a, model])
+    check(r.returncode == 0 and "| model | test | a |\n|---|---|---:|\n" in r.stdout
+          and table_rows(r.stdout) == [[os.path.basename(model), "pp8", "100.0"]],
+          "one engine: a table of its medians alone", r.stdout + r.stderr[-300:])
 
 
 def test_npumoe(tmp, npumoe, model):
