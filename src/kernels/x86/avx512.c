@@ -6,6 +6,7 @@
  * -mavx512dq -mfma -mf16c; only called when CPUID reports them. */
 #if defined(__x86_64__)
 #include "kernels/kernels-impl.h"
+#include "sums16.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
@@ -17,20 +18,28 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* RT_MAX x CT_MAX accumulators + RT_MAX activation vectors + 1 weight vector
- * fit the 32 registers. Measured on this machine (bench/kernels.c, BF16
- * 64 x 768 x 2048): 4 x 4 ran at ~100 GFLOP/s, 8 x 2 at ~17 (gcc 12 did not
- * keep its 16 accumulators in registers). */
-enum { RT_MAX = 4, CT_MAX = 4, L2_ROW_BLOCK_BYTES = 512 * 1024, PANEL_ELEMS = 16 * 1024 };
+ * fit the 32 registers. Measured (bench/kernels.c) when this was written,
+ * BF16 64 x 768 x 2048: 4 x 4 ran at ~100 GFLOP/s, 8 x 2 at ~17 (gcc 12 did
+ * not keep its 16 accumulators in registers); later, on a Xeon (Emerald
+ * Rapids, docs/PERFORMANCE.md), 4 x 6 took 0.81-0.83 the time of 4 x 4 on
+ * BF16 512 x 2048 x 768 and 0.89-0.91 on 32-row expert shapes: an
+ * activation vector, read from L2 as the row tiles pass over a panel, feeds
+ * six FMAs instead of four. */
+enum { RT_MAX = 4, CT_MAX = 6, L2_ROW_BLOCK_BYTES = 512 * 1024 };
 /* A single activation row (decode): F32, F16, BF16 and Q8_0 weight rows are
- * read one after another, a single linear stream through the matrix that the
- * hardware prefetcher follows, while the out-of-order core overlaps the
- * accumulator chains of consecutive rows. Measured on this machine (128
- * distinct 2048 x 768 BF16 matrices, one core): 24 GB/s, against 9-12 GB/s
- * for GEMV_CT interleaved rows, whose 1.5 KiB streams are too short for the
- * prefetcher; Q8_0 9.3 against 5.6. The block-quantised types, whose
- * dequantisation dominates, keep GEMV_CT rows in flight (2-3x faster than
- * one row for them). */
-enum { GEMV_CT = 8 };
+ * read GEMV_ROWS at a time, one accumulator chain each, and the next
+ * GEMV_ROWS rows (contiguous) are prefetched into L2 meanwhile: a single
+ * ascending stream through the matrix. One row at a time (what this did
+ * before) was bound by its single chain: on a Xeon (Emerald Rapids, one
+ * core; 5 alternated runs, median ratio and ratio of the fastest) four
+ * rows with the prefetch took 0.51 / 0.60 the time on a BF16 output head
+ * (151936 x 2048), 0.47-0.67 / 0.60-0.64 on 128 distinct BF16 expert
+ * matrices (768 x 2048, 2048 x 768), 0.54-0.60 on Q8_0 and F16 ones; of
+ * which the prefetch 0.55-0.88 of four rows without it (the least on the
+ * short rows of 1.5 KiB, which the hardware prefetcher follows late). The
+ * block-quantised types, whose dequantisation dominates, keep GEMV_CT rows
+ * in flight (2-3x faster than one row for them). */
+enum { GEMV_CT = 8, GEMV_ROWS = 4 };
 
 /* 16 weights of one row from element kk (kk % 16 == 0) as floats; lanes at
  * or past the row's end are 0 (mask). Q8_0 rows are whole blocks, so their
@@ -63,11 +72,15 @@ ALWAYS_INLINE __m512 load_w16(uint32_t type, const uint8_t *row, int64_t kk, __m
 }
 
 /* acc[r][c] += x[r][kk] * w[c][kk] for kk in [k0, k1), a multiple of 16
- * apart, one 16-lane FMA per 16 elements in k order. */
+ * apart, one 16-lane FMA per 16 elements in k order; pf (or NULL): pf_step
+ * bytes from pf prefetched into L2 per 16 elements. */
 ALWAYS_INLINE void fma_span(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
                             const uint8_t *w, size_t row_bytes, int64_t k0, int64_t k1,
-                            __m512 acc[RT_MAX][GEMV_CT]) {
+                            __m512 acc[RT_MAX][GEMV_CT], const uint8_t *pf, int64_t pf_step) {
     for (int64_t kk = k0; kk < k1; kk += 16) {
+        if (pf)
+            for (int64_t b = 0; b < pf_step; b += 64)
+                _mm_prefetch((const char *)pf + (kk - k0) / 16 * pf_step + b, _MM_HINT_T1);
         __m512 xv[RT_MAX];
         for (int r = 0; r < rt; r++)
             xv[r] = _mm512_loadu_ps(x + r * ldx + kk);
@@ -79,17 +92,25 @@ ALWAYS_INLINE void fma_span(uint32_t type, int rt, int ct, const float *x, int64
     }
 }
 
+/* y[r * ldy + c] = the sum of acc[r][c]'s lanes (nm_sum16's order) for an
+ * rt x ct tile, four columns at a time. */
+ALWAYS_INLINE void store_sums(int rt, int ct, __m512 acc[RT_MAX][GEMV_CT], float *y, int64_t ldy) {
+    for (int c = 0; c < ct; c += 4)
+        nm_store_sums4x4(rt, ct - c < 4 ? ct - c : 4, &acc[0][c], GEMV_CT, y + c, ldy);
+}
+
 /* y[r][c] = x[r] . w[c] for r < rt, c < ct. Each output is one 16-lane
  * accumulator (lane l sums k = l mod 16 with FMA, the tail masked) reduced
- * by _mm512_reduce_add_ps: the same operations for every tile shape. */
+ * in nm_sum16's order: the same operations for every tile shape. */
 ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
-                        const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
+                        const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy,
+                        const uint8_t *pf, int64_t pf_step) {
     __m512 acc[RT_MAX][GEMV_CT];
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
             acc[r][c] = _mm512_setzero_ps();
     const int64_t kk = k / 16 * 16;
-    fma_span(type, rt, ct, x, ldx, w, row_bytes, 0, kk, acc);
+    fma_span(type, rt, ct, x, ldx, w, row_bytes, 0, kk, acc, pf, pf_step);
     if (kk < k) {
         const __mmask16 mask = (__mmask16)((1u << (k - kk)) - 1);
         __m512 xv[RT_MAX];
@@ -101,9 +122,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t l
                 acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
         }
     }
-    for (int r = 0; r < rt; r++)
-        for (int c = 0; c < ct; c++)
-            y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
+    store_sums(rt, ct, acc, y, ldy);
 }
 
 /* ---- quantised weights (Q4_0, Q4_K, Q5_K, Q6_K) ----
@@ -327,17 +346,18 @@ ALWAYS_INLINE void qtile(uint32_t type, int rt, int ct, const float *x, int64_t 
         const int64_t nk = k - k0 < QCHUNK ? k - k0 : QCHUNK;
         for (int c = 0; c < ct; c++)
             dequant_chunk(type, w + (size_t)c * row_bytes + (size_t)(k0 / QCHUNK) * cb, wb[c], nk);
-        fma_span(NM_DTYPE_F32, rt, ct, x + k0, ldx, (const uint8_t *)wb, sizeof wb[0], 0, nk, acc);
+        fma_span(NM_DTYPE_F32, rt, ct, x + k0, ldx, (const uint8_t *)wb, sizeof wb[0], 0, nk, acc,
+                 NULL, 0);
     }
-    for (int r = 0; r < rt; r++)
-        for (int c = 0; c < ct; c++)
-            y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
+    store_sums(rt, ct, acc, y, ldy);
 }
 
-/* One row tile over one slab [0, nk) of a panel of dequantised rows (row
- * stride ldp): the accumulators start at zero (first) or from save, and
- * end reduced into y (last) or back in save ([RT_MAX][CT_MAX] of them,
- * column c at save[r * CT_MAX + c]). */
+/* One row tile over one slab [0, nk) of a panel of widened or dequantised
+ * rows (row stride ldp, zeros from nk to the next multiple of 16): the
+ * accumulators start at zero (first) or from save, and end reduced into y
+ * (last) or back in save ([RT_MAX][CT_MAX] of them, column c at
+ * save[r * CT_MAX + c]). A tail of fewer than 16 elements takes the masked
+ * FMA of tile(). */
 ALWAYS_INLINE void slab_tile(int rt, int ct, const float *x, int64_t ldx, const float *panel,
                              int64_t ldp, int64_t nk, __m512 *save, int first, int last, float *y,
                              int64_t ldy) {
@@ -345,15 +365,27 @@ ALWAYS_INLINE void slab_tile(int rt, int ct, const float *x, int64_t ldx, const 
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
             acc[r][c] = first ? _mm512_setzero_ps() : save[r * CT_MAX + c];
+    const int64_t nk16 = nk / 16 * 16;
     fma_span(NM_DTYPE_F32, rt, ct, x, ldx, (const uint8_t *)panel, (size_t)ldp * sizeof(float), 0,
-             nk, acc);
-    for (int r = 0; r < rt; r++)
+             nk16, acc, NULL, 0);
+    if (nk16 < nk) {
+        const __mmask16 mask = (__mmask16)((1u << (nk - nk16)) - 1);
+        __m512 xv[RT_MAX];
+        for (int r = 0; r < rt; r++)
+            xv[r] = _mm512_maskz_loadu_ps(mask, x + r * ldx + nk16);
         for (int c = 0; c < ct; c++) {
-            if (last)
-                y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
-            else
-                save[r * CT_MAX + c] = acc[r][c];
+            const __m512 wv = _mm512_loadu_ps(panel + c * ldp + nk16);
+            for (int r = 0; r < rt; r++)
+                acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
         }
+    }
+    if (last) {
+        store_sums(rt, ct, acc, y, ldy);
+        return;
+    }
+    for (int r = 0; r < rt; r++)
+        for (int c = 0; c < ct; c++)
+            save[r * CT_MAX + c] = acc[r][c];
 }
 
 ALWAYS_INLINE void slab_tile_rt(int rt, int ct, const float *x, int64_t ldx, const float *panel,
@@ -375,23 +407,50 @@ ALWAYS_INLINE void slab_tile_rt(int rt, int ct, const float *x, int64_t ldx, con
     }
 }
 
-/* Quantised weights with more than one row tile: CT_MAX rows are
- * dequantised into a panel (64 KiB on the stack) that every row tile of an
- * L2 block of activation rows reads as F32. Rows longer than the panel
- * holds go in slabs of SLAB elements, the accumulators of the block's row
- * tiles kept between slabs, so the FMA sequence of an output is the one
- * qtile() and tile() make. */
-enum { SLAB = PANEL_ELEMS / CT_MAX, SAVE_TILES = 8 };
-ALWAYS_INLINE void matmul_quant_panel(uint32_t type, const nm_mat *w, const float *x, int64_t ldx,
-                                      int64_t m, float *y, int64_t ldy, int64_t j0, int64_t j1,
-                                      int64_t rb) {
-    const int64_t k = w->k, ldp = k < SLAB ? k : SLAB;
-    /* a block of rb rows has at most SAVE_TILES row tiles when k > SLAB */
-    NM_ASSERT(k <= SLAB || rb <= SAVE_TILES * RT_MAX);
-    float panel[PANEL_ELEMS] __attribute__((aligned(64))); /* [CT_MAX][ldp] */
-    __m512 save[SAVE_TILES][RT_MAX * CT_MAX];              /* accumulators between slabs */
+/* One weight row of k elements widened to float (k rounded up to 16 with
+ * zeros). */
+ALWAYS_INLINE void widen_row(uint32_t type, const uint8_t *row, int64_t k, float *dst) {
+    int64_t kk = 0;
+    for (; kk + 16 <= k; kk += 16)
+        _mm512_storeu_ps(dst + kk, load_w16(type, row, kk, 0xffff, 1));
+    if (kk < k)
+        _mm512_storeu_ps(dst + kk, load_w16(type, row, kk, (__mmask16)((1u << (k - kk)) - 1), 0));
+}
+
+/* Share t of n (t < n) of the cache lines of n_rows rows of `bytes` bytes
+ * each from p (stride row_bytes), prefetched into L2. */
+ALWAYS_INLINE void prefetch_share(const uint8_t *p, size_t row_bytes, int n_rows, int64_t bytes,
+                                  int64_t t, int64_t n) {
+    for (int r = 0; r < n_rows; r++) {
+        const uintptr_t at = (uintptr_t)(p + (size_t)r * row_bytes);
+        const int64_t lines = ((int64_t)(at & 63) + bytes + 63) / 64;
+        for (int64_t l = t * lines / n; l < (t + 1) * lines / n; l++)
+            _mm_prefetch((const char *)(at & ~(uintptr_t)63) + 64 * l, _MM_HINT_T1);
+    }
+}
+
+/* Widened (F16, BF16, Q8_0) and block-quantised weights with more than one
+ * row tile: CT_MAX rows are widened or dequantised into a panel of SLAB
+ * elements each (on the stack) that every row tile of an L2 block of
+ * activation rows reads as F32; longer rows go in slabs, the accumulators
+ * of the block's row tiles kept between slabs, so the FMA sequence of an
+ * output is the one qtile() and tile() make. A panel of 1024 (24 KiB) and a
+ * row tile's activations over it (16 KiB) stay in L1 together; BF16 panels
+ * of whole rows of 2048, as before, took 1.06 / 1.20 the time (512 x 2048 x
+ * 768 / 32-row experts, Emerald Rapids, 4 x 4 tiles). The next slab's
+ * weights are prefetched while the row tiles run. */
+enum { SLAB = 1024, SAVE_TILES = 16 };
+ALWAYS_INLINE void matmul_panel(uint32_t type, const nm_mat *w, const float *x, int64_t ldx,
+                                int64_t m, float *y, int64_t ldy, int64_t j0, int64_t j1,
+                                int64_t rb) {
+    const int64_t k = w->k, ldp = k < SLAB ? (k + 15) / 16 * 16 : SLAB;
+    /* a block has at most SAVE_TILES row tiles when k > SLAB */
+    if (k > SLAB && rb > SAVE_TILES * RT_MAX) rb = SAVE_TILES * RT_MAX;
+    float panel[CT_MAX * SLAB] __attribute__((aligned(64))); /* [CT_MAX][ldp] */
+    __m512 save[SAVE_TILES][RT_MAX * CT_MAX];                /* accumulators between slabs */
     const uint8_t *base = w->data;
-    const size_t cb = nm_quant_chunk_bytes(type);
+    const bool quant = nm_kernels_is_block_quant(type);
+    const nm_dtype_traits *tr = nm_dtype_traits_of(type);
     for (int64_t i0 = 0; i0 < m; i0 += rb) {
         const int64_t i1 = i0 + rb < m ? i0 + rb : m;
         for (int64_t j = j0; j < j1; j += CT_MAX) {
@@ -399,12 +458,30 @@ ALWAYS_INLINE void matmul_quant_panel(uint32_t type, const nm_mat *w, const floa
             for (int64_t ks = 0; ks < k; ks += SLAB) {
                 const int64_t nk = k - ks < SLAB ? k - ks : SLAB;
                 const int first = ks == 0, last = ks + nk == k;
-                for (int c = 0; c < ct; c++)
-                    dequant_row(type, base + (size_t)(j + c) * w->row_bytes + ks / QCHUNK * cb,
-                                panel + c * ldp, nk);
+                for (int c = 0; c < ct; c++) {
+                    const uint8_t *row = base + (size_t)(j + c) * w->row_bytes +
+                                         (size_t)(ks / tr->block_size) * tr->block_bytes;
+                    if (quant)
+                        dequant_row(type, row, panel + c * ldp, nk);
+                    else
+                        widen_row(type, row, nk, panel + c * ldp);
+                }
+                /* the next slab's weights (this panel's next, or the next
+                 * panel's first) into L2 while the row tiles run: the
+                 * hardware prefetchers follow CT_MAX short streams late */
+                const int64_t nks = last ? 0 : ks + SLAB, nj = last ? j + CT_MAX : j;
+                const int nct = nj < j1 ? (int)(j1 - nj < CT_MAX ? j1 - nj : CT_MAX) : 0;
+                const int64_t nnk = k - nks < SLAB ? k - nks : SLAB;
+                const uint8_t *nrow = nct ? base + (size_t)nj * w->row_bytes +
+                                                (size_t)(nks / tr->block_size) * tr->block_bytes
+                                          : base;
+                const int64_t n_tiles = (i1 - i0 + RT_MAX - 1) / RT_MAX;
                 for (int64_t i = i0; i < i1; i += RT_MAX) {
                     const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
                     __m512 *sv = save[k <= SLAB ? 0 : (i - i0) / RT_MAX];
+                    prefetch_share(nrow, w->row_bytes, nct,
+                                   nnk / (int64_t)tr->block_size * (int64_t)tr->block_bytes,
+                                   (i - i0) / RT_MAX, n_tiles);
                     if (ct == CT_MAX) {
                         slab_tile_rt(rt, CT_MAX, x + i * ldx + ks, ldx, panel, ldp, nk, sv, first,
                                      last, y + i * ldy + j, ldy);
@@ -425,7 +502,7 @@ ALWAYS_INLINE void tile_any(uint32_t type, int rt, int ct, const float *x, int64
     if (nm_kernels_is_block_quant(type))
         qtile(type, rt, ct, x, ldx, w, row_bytes, k, y, ldy);
     else
-        tile(type, rt, ct, x, ldx, w, row_bytes, k, y, ldy);
+        tile(type, rt, ct, x, ldx, w, row_bytes, k, y, ldy, NULL, 0);
 }
 
 /* Tile shapes with constant bounds, so acc[][] lives in registers. */
@@ -457,16 +534,6 @@ ALWAYS_INLINE void tile_rows(uint32_t type, int rt, int ct, const float *x, int6
         tile_rt(type, rt, 1, x, ldx, w + (size_t)c * row_bytes, row_bytes, k, y + c, ldy);
 }
 
-/* One weight row of k elements widened to float (k rounded up to 16 with
- * zeros). */
-ALWAYS_INLINE void widen_row(uint32_t type, const uint8_t *row, int64_t k, float *dst) {
-    int64_t kk = 0;
-    for (; kk + 16 <= k; kk += 16)
-        _mm512_storeu_ps(dst + kk, load_w16(type, row, kk, 0xffff, 1));
-    if (kk < k)
-        _mm512_storeu_ps(dst + kk, load_w16(type, row, kk, (__mmask16)((1u << (k - kk)) - 1), 0));
-}
-
 ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, int64_t ldx,
                                int64_t m, float *y, int64_t ldy, int64_t j0, int64_t j1) {
     const int64_t k = w->k;
@@ -476,10 +543,21 @@ ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, i
     const uint8_t *base = w->data;
     if (m == 1) {
         int64_t j = j0;
-        if (!nm_kernels_is_block_quant(type))
-            for (; j < j1; j++) /* one linear stream (see GEMV_CT) */
-                tile(type, 1, 1, x, ldx, base + (size_t)j * w->row_bytes, w->row_bytes, k, y + j,
-                     ldy);
+        if (!nm_kernels_is_block_quant(type)) {
+            /* GEMV_ROWS rows at a time (contiguous: one stream), each its
+             * own accumulator chain, the next GEMV_ROWS rows prefetched
+             * into L2 meanwhile */
+            const size_t rb_bytes = w->row_bytes;
+            const int64_t pf_step = GEMV_ROWS * (int64_t)rb_bytes / ((k + 15) / 16);
+            for (; j + GEMV_ROWS <= j1; j += GEMV_ROWS) {
+                const uint8_t *wj = base + (size_t)j * rb_bytes;
+                tile(type, 1, GEMV_ROWS, x, ldx, wj, rb_bytes, k, y + j, ldy,
+                     j + 2 * GEMV_ROWS <= j1 ? wj + GEMV_ROWS * rb_bytes : NULL, pf_step);
+            }
+            for (; j < j1; j++)
+                tile(type, 1, 1, x, ldx, base + (size_t)j * rb_bytes, rb_bytes, k, y + j, ldy, NULL,
+                     0);
+        }
         for (; j + GEMV_CT <= j1; j += GEMV_CT)
             tile_any(type, 1, GEMV_CT, x, ldx, base + (size_t)j * w->row_bytes, w->row_bytes, k,
                      y + j, ldy);
@@ -488,31 +566,10 @@ ALWAYS_INLINE void matmul_type(uint32_t type, const nm_mat *w, const float *x, i
                      ldy);
         return;
     }
-    if (nm_kernels_is_block_quant(type) && m > RT_MAX) {
-        matmul_quant_panel(type, w, x, ldx, m, y, ldy, j0, j1, rb);
-        return;
-    }
-    /* With more than one row tile, a panel of CT_MAX weight rows is widened
-     * to float once into a stack buffer (at most 64 KiB) and read as F32 by
-     * every row tile: the same values, converted once instead of per tile. */
-    const int64_t ldp = (k + 15) / 16 * 16;
-    if (type != NM_DTYPE_F32 && m > RT_MAX && ldp * CT_MAX <= PANEL_ELEMS) {
-        float panel[PANEL_ELEMS]; /* [CT_MAX][ldp] weight rows as float */
-        for (int64_t i0 = 0; i0 < m; i0 += rb) {
-            const int64_t i1 = i0 + rb < m ? i0 + rb : m;
-            for (int64_t j = j0; j < j1; j += CT_MAX) {
-                const int ct = (int)(j1 - j < CT_MAX ? j1 - j : CT_MAX);
-                for (int c = 0; c < ct; c++)
-                    widen_row(type, base + (size_t)(j + c) * w->row_bytes, k, panel + c * ldp);
-                const uint8_t *pw = (const uint8_t *)panel;
-                const size_t prb = (size_t)ldp * sizeof(float);
-                for (int64_t i = i0; i < i1; i += RT_MAX) {
-                    const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-                    tile_rows(NM_DTYPE_F32, rt, ct, x + i * ldx, ldx, pw, prb, k, y + i * ldy + j,
-                              ldy);
-                }
-            }
-        }
+    /* With more than one row tile, panels of CT_MAX weight rows are widened
+     * or dequantised to float once and read by every row tile. */
+    if (type != NM_DTYPE_F32 && m > RT_MAX) {
+        matmul_panel(type, w, x, ldx, m, y, ldy, j0, j1, rb);
         return;
     }
     for (int64_t i0 = 0; i0 < m; i0 += rb) {

@@ -12,6 +12,7 @@
  * -mavx512bf16 -mfma -mf16c; only called when CPUID reports them. */
 #if defined(__x86_64__)
 #include "kernels/kernels-impl.h"
+#include "sums16.h"
 
 #include "base/base.h"
 #include "tensor/tensor.h"
@@ -50,62 +51,8 @@ ALWAYS_INLINE __m512bh load_w32(uint32_t type, const uint8_t *row, int64_t kk, i
     return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1ull << n_left) - 1), w);
 }
 
-/* Each output's sum of its accumulator's 16 lanes, in one order for every
- * tile shape: the 128-bit quarters as (Q0 + Q2) + (Q1 + Q3), then its four
- * lanes as (e0 + e2) + (e1 + e3) (the order of GCC's _mm512_reduce_add_ps,
- * written out so that no compiler chooses another). */
-ALWAYS_INLINE float sum1(__m512 a) {
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    const __m128 e = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(e, _mm_movehdup_ps(e)));
-}
-
-/* y[r][c] = the sums of acc[r][c] for an rt x ct tile. A whole 4 x 4 tile
- * reduces its 16 accumulators together, the same additions as sum1 per
- * output (pairs of quarters, then of lanes, transposed as they go): 45
- * vector operations where 16 separate reductions take 128. Other shapes
- * fill the tree with copies of their last accumulators and keep their own
- * outputs, so every output has the same bits whatever its tile. */
-ALWAYS_INLINE void store_sums(int rt, int ct, __m512 acc[RT_MAX][CT_MAX], float *y, int64_t ldy) {
-    if (rt == 1 && ct == 1) {
-        y[0] = sum1(acc[0][0]);
-        return;
-    }
-    __m512 t[CT_MAX];
-    for (int c = 0; c < CT_MAX; c++) {
-        const int cc = c < ct ? c : ct - 1;
-        __m512 p[2];
-        for (int h = 0; h < 2; h++) {
-            /* [a02 a13 b02 b13]: a, b the accumulators of rows 2h, 2h + 1 */
-            const __m512 a = acc[2 * h < rt ? 2 * h : rt - 1][cc];
-            const __m512 b = acc[2 * h + 1 < rt ? 2 * h + 1 : rt - 1][cc];
-            p[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-        }
-        /* quarter r: the four lanes (Q0 + Q2) + (Q1 + Q3) of row r */
-        t[c] = _mm512_add_ps(_mm512_shuffle_f32x4(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    }
-    /* per quarter [e0 + e2 of c, of c + 1, e1 + e3 of c, of c + 1] */
-    const __m512 v0 = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
-    const __m512 v1 = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
-    /* quarter r: the sums of row r, columns 0..3 */
-    const __m512 z = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(v0), _mm512_castps_pd(v1))),
-        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(v0), _mm512_castps_pd(v1))));
-    const __m128 rows[RT_MAX] = {_mm512_castps512_ps128(z), _mm512_extractf32x4_ps(z, 1),
-                                 _mm512_extractf32x4_ps(z, 2), _mm512_extractf32x4_ps(z, 3)};
-    for (int r = 0; r < rt; r++) {
-        if (ct == CT_MAX)
-            _mm_storeu_ps(y + r * ldy, rows[r]);
-        else
-            _mm_mask_storeu_ps(y + r * ldy, (__mmask8)((1u << ct) - 1), rows[r]);
-    }
-}
-
 /* y[r][c] = x[r] . w[c]: one accumulator per output, pairs of products
- * added by vdpbf16ps in k order, reduced by _mm512_reduce_add_ps: the same
+ * added by vdpbf16ps in k order, reduced in nm_sum16's order: the same
  * operations for every tile shape. */
 ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t ldx,
                         const uint8_t *w, size_t row_bytes, int64_t k, float *y, int64_t ldy) {
@@ -124,7 +71,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t l
                 acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv[r], wv);
         }
     }
-    store_sums(rt, ct, acc, y, ldy);
+    nm_store_sums4x4(rt, ct, &acc[0][0], CT_MAX, y, ldy);
 }
 
 /* The same as tile() with the activations already rounded to bfloat16 in
@@ -152,7 +99,7 @@ ALWAYS_INLINE void tile_pre(int rt, int ct, const uint16_t *xb, int64_t ldb, con
                 acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv[r], wv);
         }
     }
-    store_sums(rt, ct, acc, y, ldy);
+    nm_store_sums4x4(rt, ct, &acc[0][0], CT_MAX, y, ldy);
 }
 
 ALWAYS_INLINE void tile_pre_rt(int rt, int ct, const uint16_t *xb, int64_t ldb, const uint8_t *w,
