@@ -118,7 +118,7 @@ bool nm_kernels_isa_supported(nm_kernels_isa isa) {
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     case NM_KERNELS_AVX512BF16:
         return nm_kernels_isa_supported(NM_KERNELS_AVX512) && __builtin_cpu_supports("avx512bf16");
-    case NM_KERNELS_AVX512VNNI: /* delegates BF16 weights to avx512bf16 */
+    case NM_KERNELS_AVX512VNNI: /* may delegate BF16 weights to avx512bf16 */
         return nm_kernels_isa_supported(NM_KERNELS_AVX512BF16) &&
                __builtin_cpu_supports("avx512vnni");
     case NM_KERNELS_AMX: /* the code around the tiles is avx512vnni's */
@@ -174,7 +174,7 @@ nm_kernels_isa nm_kernels_active(void) {
 }
 
 const char *nm_kernels_why(void) {
-    static char why[400]; /* for the command's info; not for concurrent callers */
+    static char why[512]; /* for the command's info; not for concurrent callers */
     const nm_kernels_isa isa = nm_kernels_active();
     const char *env = getenv("NPUMOE_KERNELS");
     nm_kernels_isa want;
@@ -183,15 +183,32 @@ const char *nm_kernels_why(void) {
     /* which variants keep FP32 activations for quantised weights */
     const bool int8 =
         isa == NM_KERNELS_AVX2 || isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX;
-    snprintf(why, sizeof why, "%s; %s; amx: %s%s",
+    /* and which round those of BF16 weights to bfloat16 */
+    const bool bf16 = isa == NM_KERNELS_AVX512BF16 || isa == NM_KERNELS_AMX ||
+                      (isa == NM_KERNELS_AVX512VNNI && !nm_kernels_bf16_in_fp32());
+    snprintf(why, sizeof why, "%s; %s; %s; amx: %s%s",
              asked ? "NPUMOE_KERNELS asked for it" : "the fastest this CPU runs",
              int8 ? "int8 activations for Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights"
                   : "FP32 activations for quantised weights",
+             bf16 ? "bfloat16 activations for BF16 weights"
+             : isa == NM_KERNELS_AVX512VNNI
+                 ? "FP32 activations for BF16 weights (vdpbf16ps runs at half the FMA rate on "
+                   "Intel CPUs)"
+                 : "FP32 activations for BF16 weights",
              amx_note,
              nm_kernels_amx_emulated() ? " (this build emulates the tiles: amx only when asked for)"
              : hw ? " (tiles for BF16 matmuls and quantised ones of 12 rows or more)"
                   : "");
     return why;
+}
+
+bool nm_kernels_bf16_in_fp32(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel");
+#else
+    return false;
+#endif
 }
 
 int32_t nm_kernels_row_granule(void) { return nm_kernels_active() == NM_KERNELS_AMX ? 16 : 1; }

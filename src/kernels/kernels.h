@@ -93,6 +93,13 @@ bool nm_kernels_amx_emulated(void);
  * activation rows; fewer cost the same, docs/PERFORMANCE.md), else 1 (the
  * vector variants' time per row measured no lower at any row count). */
 int32_t nm_kernels_row_granule(void);
+/* Whether avx512vnni computes BF16 weights with FP32 FMAs (the avx512
+ * kernel: activations kept in FP32) rather than vdpbf16ps (avx512bf16:
+ * activations rounded to bfloat16). On Intel CPUs: their vdpbf16ps issues
+ * at half the rate of FP32 FMAs, so the FP32 kernel is the faster and the
+ * exact one (docs/PERFORMANCE.md); elsewhere (AMD Zen 4 runs vdpbf16ps at
+ * twice the FMA's work per instruction) avx512bf16. */
+bool nm_kernels_bf16_in_fp32(void);
 /* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
  * "exact" (which is then forced); false otherwise, with the value in *bad. */
 bool nm_kernels_check_env(const char **bad);

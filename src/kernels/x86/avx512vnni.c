@@ -3,8 +3,8 @@
  * with vpdpbusd (64 byte products per instruction), as llama.cpp and
  * ik_llama.cpp do; not exact: each activation moves by up to half its
  * block's step. F32 and F16 weights go to the avx512 variant, BF16 to
- * avx512bf16. Compiled with -mavx512f/bw/vl/dq -mavx512vnni -mavx512bf16
- * -mfma -mf16c; only called when CPUID reports them.
+ * avx512bf16 or, on Intel CPUs, to avx512 (nm_kernels_bf16_in_fp32). Compiled with
+ * -mavx512f/bw/vl/dq -mavx512vnni -mavx512bf16 -mfma -mf16c; only called when CPUID reports them.
  *
  * Activations: block b of a row (32 values x) gets the float scale
  * d = max|x| / 127 and codes q = nearest-even integer of x * (1 / d) (d and
@@ -387,7 +387,11 @@ void nm_matmul_avx512vnni_forward(const nm_mat *w, const float *x, int64_t ldx, 
         matmul_any(w, NULL, x, ldx, m, y, ldy, NULL, 0, j0, j1);
         return;
     case NM_DTYPE_BF16:
-        nm_matmul_avx512bf16_forward(w, x, ldx, m, y, ldy, j0, j1);
+        if (!nm_kernels_bf16_in_fp32()) {
+            nm_matmul_avx512bf16_forward(w, x, ldx, m, y, ldy, j0, j1);
+            return;
+        }
+        nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
         return;
     default:
         nm_matmul_avx512_forward(w, x, ldx, m, y, ldy, j0, j1);
