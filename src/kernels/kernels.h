@@ -97,8 +97,8 @@ int32_t nm_kernels_row_granule(void);
  * kernel: activations kept in FP32) rather than vdpbf16ps (avx512bf16:
  * activations rounded to bfloat16). On Intel CPUs: their vdpbf16ps issues
  * at half the rate of FP32 FMAs, so the FP32 kernel is the faster and the
- * exact one (docs/PERFORMANCE.md); elsewhere (AMD Zen 4 runs vdpbf16ps at
- * twice the FMA's work per instruction) avx512bf16. */
+ * exact one (docs/PERFORMANCE.md); elsewhere avx512bf16 (on the Zen 4
+ * measured there vdpbf16ps has twice the arithmetic of FP32 FMAs). */
 bool nm_kernels_bf16_in_fp32(void);
 /* Checks NPUMOE_KERNELS: true when unset, a supported variant's name or
  * "exact" (which is then forced); false otherwise, with the value in *bad. */
