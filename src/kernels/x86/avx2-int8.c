@@ -562,22 +562,18 @@ ALWAYS_INLINE int64_t col_group(uint32_t type, const nm_mat *w, int64_t n_groupe
      * (whose lines both halves read: half 0 fetches the first half of
      * them, half 1 the rest) into L2 meanwhile, a share before each tile,
      * so that the next panel's unpacking does not wait on memory. */
-    const uint8_t *next = NULL;
-    size_t next_len = 0;
+    prefetch next = {.at = NULL};
     const int64_t gn = g0 + PANEL_ROWS;
     if (use_panel && packed && gn + PANEL_ROWS <= n_grouped && gn < j1) {
-        next_len = PANEL_ROWS * (size_t)(kn / fetch_k) * fb / 2;
-        next = (const uint8_t *)w->data + (size_t)gn * w->row_bytes + PANEL_ROWS * at +
-               (size_t)src.half * next_len;
+        const size_t len = PANEL_ROWS * (size_t)(kn / fetch_k) * fb / 2;
+        next = (prefetch){.at = (const uint8_t *)w->data + (size_t)gn * w->row_bytes +
+                                PANEL_ROWS * at + (size_t)src.half * len,
+                          .len = len};
     }
-    const int64_t n_tiles = (i1 - i0 + RT_MAX - 1) / RT_MAX;
+    const int n_tiles = (int)((i1 - i0 + RT_MAX - 1) / RT_MAX);
     for (int64_t i = i0; i < i1; i += RT_MAX) {
         const int rt = (int)(i1 - i < RT_MAX ? i1 - i : RT_MAX);
-        if (next) {
-            const int64_t ti = (i - i0) / RT_MAX, n_lines = (int64_t)(next_len / 64);
-            for (int64_t l = ti * n_lines / n_tiles; l < (ti + 1) * n_lines / n_tiles; l++)
-                _mm_prefetch((const char *)next + 64 * l, _MM_HINT_T1);
-        }
+        prefetch_part(next, 0, (int)((i - i0) / RT_MAX), n_tiles);
         const int8_t *xqi = xq + (i - i0) * kn;
         const nm_xblock *xmi = xm + (i - i0) * nb;
         float *yi = y + i * ldy + jl;
