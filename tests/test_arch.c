@@ -42,6 +42,7 @@
 #include "npumoe.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -349,7 +350,8 @@ static nm_model *load_own(const char *name) {
     return m;
 }
 
-static struct { int64_t calls, differ, outside_plain; } grp;
+/* counted atomically: the model routes a batch's rows over its threads */
+static struct { _Atomic int64_t calls, differ, outside_plain; } grp;
 
 /* The model's routing checked against the reference on every call. */
 static void checking_route(const nm_hparams *hp, const float *logits, int32_t *ids, float *weights,
@@ -428,14 +430,17 @@ static void group_limited_routing(void) {
     const int n = nm_test_read_ints(path, 3, prompt, MAX_IDS);
     nm_session *s = nm_test_new_session(m, 512, 2);
     float *logits_out = malloc((size_t)m->hp.n_vocab * sizeof(float));
-    memset(&grp, 0, sizeof grp);
+    atomic_store(&grp.calls, 0);
+    atomic_store(&grp.differ, 0);
+    atomic_store(&grp.outside_plain, 0);
     if (s) CHECK_INT_EQ(nm_session_eval(s, prompt, n, logits_out, false, &err), NM_OK);
     printf("group-limited routing in tiny-deepseek2-qlora: %lld calls, %lld slots differ, %lld "
            "changed by the groups\n",
-           (long long)grp.calls, (long long)grp.differ, (long long)grp.outside_plain);
-    CHECK_INT_EQ(grp.calls, (int64_t)n * nm_model_n_moe_layers(&m->hp));
-    CHECK_INT_EQ(grp.differ, 0);
-    CHECK(grp.outside_plain > 0);
+           (long long)atomic_load(&grp.calls), (long long)atomic_load(&grp.differ),
+           (long long)atomic_load(&grp.outside_plain));
+    CHECK_INT_EQ(atomic_load(&grp.calls), (int64_t)n * nm_model_n_moe_layers(&m->hp));
+    CHECK_INT_EQ(atomic_load(&grp.differ), 0);
+    CHECK(atomic_load(&grp.outside_plain) > 0);
     free(logits_out);
     nm_session_free(s);
     nm_model_free(m);

@@ -111,9 +111,10 @@ cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_S
 cmake --build build/asan -j "$jobs"
 ctest --test-dir build/asan --output-on-failure -j "$jobs"
 
-echo "== ThreadSanitizer: the tests that run the thread pool, the kernel scratch of threads, the cpu device, the executor, the repacking at load and batched decoding"
+echo "== ThreadSanitizer: the tests that run the thread pool, the kernel scratch of threads, the cpu device, the executor, the repacking at load, batched decoding and routing over the pool"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_TSAN=ON
-tsan_tests=(test_kernels test_kernel_scratch test_model test_static test_device test_quant_models test_batch)
+tsan_tests=(test_kernels test_kernel_scratch test_model test_static test_device test_quant_models test_batch
+            test_arch)
 cmake --build build/tsan -j "$jobs" --target "${tsan_tests[@]}"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j "$jobs" \
     -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
