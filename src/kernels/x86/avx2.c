@@ -111,9 +111,22 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t l
     for (int r = 0; r < rt; r++)
         for (int c = 0; c < ct; c++)
             acc[r][c] = k0 == 0 ? _mm256_setzero_ps() : save[r * CT_MAX + c];
+    /* Decoding 16-bit rows shorter than a page, the next tile's ct rows
+     * are fetched meanwhile, a line per step (ct * 16 bytes): streams of a
+     * few dozen lines each left the hardware prefetchers untrained (BF16
+     * 1 x 2048 x 768 over 128 experts: 0.64-0.71 the time with it, Zen 3;
+     * rows of 4 KiB and F32 rows measured level or slower, so not there).
+     * An integer: past the last tile it lies beyond the weights, which a
+     * hint may name but a pointer may not. */
+    const uintptr_t next = rt <= 2 && ct == CT_MAX && row_bytes < 4096 &&
+                                   (type == NM_DTYPE_BF16 || type == NM_DTYPE_F16)
+                               ? (uintptr_t)w + ct * row_bytes
+                               : 0;
     int64_t kk = k0;
-    for (; kk + 8 <= k1; kk += 8)
+    for (; kk + 8 <= k1; kk += 8) {
+        if (next) _mm_prefetch((const char *)(next + (uintptr_t)kk * 2 * CT_MAX), _MM_HINT_T0);
         tile_step(type, rt, ct, x + (kk - k0), ldx, w, row_bytes, kk, 8, acc);
+    }
     if (kk < k1)
         tile_step(type, rt, ct, x + (kk - k0), ldx, w, row_bytes, kk, (int)(k1 - kk), acc);
     for (int r = 0; r < rt; r++)
