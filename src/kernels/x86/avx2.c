@@ -114,7 +114,7 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, int ct, const float *x, int64_t l
     /* Decoding 16-bit rows shorter than a page, the next tile's ct rows
      * are fetched meanwhile, a line per step (ct * 16 bytes): streams of a
      * few dozen lines each left the hardware prefetchers untrained (BF16
-     * 1 x 2048 x 768 over 128 experts: 0.64-0.71 the time with it, Zen 3;
+     * 1 x 2048 x 768 over 128 experts: 0.66-0.71 the time with it, Zen 3;
      * rows of 4 KiB and F32 rows measured level or slower, so not there).
      * An integer: past the last tile it lies beyond the weights, which a
      * hint may name but a pointer may not. */
