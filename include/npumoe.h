@@ -126,7 +126,8 @@ typedef struct nm_model_info {
     int32_t eos_id; /* -1 when the file has none */
     bool add_bos;
     uint64_t weight_bytes;   /* bytes of all tensors in the file */
-    uint64_t repacked_bytes; /* of them, copied at load into the kernels' layout */
+    uint64_t repacked_bytes; /* of them, copied at load for the kernels (their layout,
+                              * or the file's into anonymous memory) */
     bool vocab_only;         /* loaded with nm_model_params.vocab_only */
 } nm_model_info;
 

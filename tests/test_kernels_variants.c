@@ -640,6 +640,93 @@ static void check_attention(nm_kernels_isa isa, int nh, int nkv, int hd, int t) 
     free(s);
 }
 
+/* nm_kernels_prepare's release callback: the source bytes it was handed. */
+static void count_released(void *ctx, const void *data, size_t n_bytes) {
+    (void)data;
+    __atomic_add_fetch((size_t *)ctx, n_bytes, __ATOMIC_RELAXED);
+}
+
+/* nm_kernels_prepare under the variant in use: a stack of 3 BF16 matrices
+ * and one matrix each of F16, Q8_0 and F32. Those the variant wants
+ * (nm_mat_repack_wanted, nm_mat_copy_wanted, asked before) move into the
+ * mapping, in its layout or as they are, the others stay; under avx2
+ * explicitly the F16 and BF16 ones as they are and Q8_0 repacked, and F32
+ * nowhere. Every matmul gives the same bits after as before, and the
+ * callback is handed every byte that was copied. */
+static void check_prepare(nm_kernels_isa isa) {
+    enum { N_ITEMS = 4, M = 3 };
+    const uint32_t types[N_ITEMS] = {NM_DTYPE_BF16, NM_DTYPE_F16, NM_DTYPE_Q8_0, NM_DTYPE_F32};
+    const int32_t counts[N_ITEMS] = {3, 1, 1, 1};
+    const int64_t ns[N_ITEMS] = {20, 17, 35, 10}, ks[N_ITEMS] = {96, 64, 256, 64};
+    nm_mat mats[N_ITEMS];
+    nm_prepare_item items[N_ITEMS];
+    uint8_t *data[N_ITEMS];
+    float *y[N_ITEMS], *x = malloc(M * 256 * sizeof(float));
+    bool repack[N_ITEMS], as_is[N_ITEMS];
+    size_t moved_bytes = 0, released = 0;
+    int32_t n_moved = 0, n_as_is = 0;
+    CHECK(nm_kernels_force(isa));
+    for (int64_t i = 0; i < M * 256; i++)
+        x[i] = frand();
+    for (int i = 0; i < N_ITEMS; i++) {
+        const int64_t n = ns[i] * counts[i], k = ks[i];
+        float *wf = malloc((size_t)(n * k) * sizeof(float));
+        size_t rb = 0;
+        data[i] = make_weights(types[i], n, k, wf, &rb);
+        free(wf);
+        mats[i] = (nm_mat){.data = data[i], .type = types[i], .n = ns[i], .k = k, .row_bytes = rb};
+        items[i] = (nm_prepare_item){&mats[i], (size_t)ns[i] * rb, counts[i]};
+        repack[i] = nm_mat_repack_wanted(&mats[i]);
+        as_is[i] = !repack[i] && nm_mat_copy_wanted(&mats[i]);
+        if (repack[i] || as_is[i]) {
+            n_moved++;
+            n_as_is += as_is[i];
+            moved_bytes += (size_t)n * rb;
+        }
+        y[i] = malloc((size_t)(M * n) * sizeof(float));
+        for (int32_t e = 0; e < counts[i]; e++) {
+            const nm_mat me = nm_expert_mat(&mats[i], items[i].stride, e);
+            nm_matmul_forward(&me, x, k, M, y[i] + e * ns[i], n, 0, ns[i]);
+        }
+    }
+    if (isa == NM_KERNELS_AVX2) {
+        CHECK(as_is[0] && as_is[1] && repack[2] && !repack[3] && !as_is[3]);
+    } else {
+        CHECK(!as_is[0] && !as_is[1]);
+    }
+    CHECK(!repack[3] && !as_is[3]); /* no variant moves F32 */
+    nm_prepared prep;
+    nm_error err = {0};
+    CHECK_INT_EQ(nm_kernels_prepare(items, N_ITEMS, count_released, &released, &prep, &err), NM_OK);
+    CHECK_INT_EQ(prep.n_tensors, n_moved);
+    CHECK_INT_EQ(prep.n_as_is, n_as_is);
+    CHECK(prep.bytes >= moved_bytes && (prep.data != NULL) == (n_moved > 0));
+    CHECK(released == moved_bytes);
+    const uint8_t *lo = prep.data, *hi = lo + prep.bytes;
+    for (int i = 0; i < N_ITEMS; i++) {
+        const uint8_t *at = mats[i].data;
+        const bool moved = repack[i] || as_is[i];
+        CHECK(moved ? at >= lo && at + (size_t)ns[i] * counts[i] * mats[i].row_bytes <= hi
+                    : at == data[i]);
+        CHECK_INT_EQ(mats[i].layout, repack[i] ? NM_LAYOUT_PANEL16 : NM_LAYOUT_ROWS);
+        if (as_is[i])
+            CHECK(memcmp(at, data[i], (size_t)ns[i] * counts[i] * mats[i].row_bytes) == 0);
+        const int64_t n = ns[i] * counts[i];
+        float *y2 = malloc((size_t)(M * n) * sizeof(float));
+        for (int32_t e = 0; e < counts[i]; e++) {
+            const nm_mat me = nm_expert_mat(&mats[i], items[i].stride, e);
+            nm_matmul_forward(&me, x, ks[i], M, y2 + e * ns[i], n, 0, ns[i]);
+        }
+        CHECK(memcmp(y2, y[i], (size_t)(M * n) * sizeof(float)) == 0);
+        free(y2);
+        free(y[i]);
+        free(data[i]);
+    }
+    nm_prepared_free(&prep);
+    CHECK(prep.data == NULL && prep.bytes == 0);
+    free(x);
+}
+
 /* The F16-cache attention against the reference over the same halves. */
 static void check_attention_f16(nm_kernels_isa isa, int nh, int nkv, int hd, int t) {
     const int64_t stride = (int64_t)nkv * hd;
@@ -880,6 +967,7 @@ int main(void) {
         check_attention((nm_kernels_isa)isa, 4, 1, 256, 9);
         check_attention_f16((nm_kernels_isa)isa, 32, 4, 128, 200);
         check_attention_f16((nm_kernels_isa)isa, 6, 3, 17, 5);
+        check_prepare((nm_kernels_isa)isa);
         printf("variant %s: checked\n", nm_kernels_isa_name((nm_kernels_isa)isa));
     }
     nm_kernels_force(start);

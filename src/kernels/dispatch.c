@@ -251,6 +251,11 @@ bool nm_mat_repack_wanted(const nm_mat *w) {
 #endif
 }
 
+bool nm_mat_copy_wanted(const nm_mat *w) {
+    return nm_kernels_active() == NM_KERNELS_AVX2 && w->layout == NM_LAYOUT_ROWS &&
+           (w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16);
+}
+
 nm_mat nm_mat_repack(const nm_mat *w, void *dst) {
     NM_ASSERT(nm_mat_repack_wanted(w));
     nm_mat out = *w;

@@ -118,6 +118,12 @@ bool nm_mat_repack_wanted(const nm_mat *w);
  * the same whatever the other rows, so a matrix may be repacked in parts
  * that start at multiples of 16 rows. */
 nm_mat nm_mat_repack(const nm_mat *w, void *dst);
+/* Whether the variant in use, reading w in the file's layout, reads it
+ * faster from a copy in anonymous memory, which Linux backs with huge pages
+ * (a TLB miss per 2 MiB of a weight stream instead of per 4 KiB; BF16
+ * prefill 1.12x and generation 1.06x on the Zen 3 of docs/PERFORMANCE.md):
+ * avx2 with F16 or BF16 weights, in the file's layout. */
+bool nm_mat_copy_wanted(const nm_mat *w);
 
 /* ---- weights prepared for the kernels at load ---- */
 
@@ -136,6 +142,7 @@ typedef struct nm_prepared {
     void *data;
     size_t bytes;
     int32_t n_tensors;  /* items copied (a stack counts once) */
+    int32_t n_as_is;    /* of them, copied in the file's layout (nm_mat_copy_wanted) */
     nm_kernels_isa isa; /* the variant whose layout they are in */
 } nm_prepared;
 
@@ -145,13 +152,13 @@ typedef struct nm_prepared {
 typedef void (*nm_release_fn)(void *ctx, const void *data, size_t n_bytes);
 
 /* Prepares the model's weight matrices for the variant in use, which owns
- * its layouts: each item it computes faster from a copy of its own
- * (nm_mat_repack_wanted) is copied, in parts of a few MiB on one thread per
- * online CPU, into one mapping, and its nm_mat then points there; the
- * others are left as they are. release may be NULL. Every matmul gives the
- * same bits after as before. On failure (NM_ERR_NOMEM) nothing is changed
- * and *out is empty. Free with nm_prepared_free after the last use of the
- * matrices. */
+ * its layouts: each item it computes faster from a copy in its own layout
+ * (nm_mat_repack_wanted) or in the file's (nm_mat_copy_wanted) is copied, in
+ * parts of a few MiB on one thread per online CPU, into one mapping, and its
+ * nm_mat then points there; the others are left as they are. release may
+ * be NULL. Every matmul gives the same bits after as before. On failure
+ * (NM_ERR_NOMEM) nothing is changed and *out is empty. Free with
+ * nm_prepared_free after the last use of the matrices. */
 nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_fn release,
                              void *release_ctx, nm_prepared *out, nm_error *err);
 void nm_prepared_free(nm_prepared *prepared);

@@ -1,11 +1,13 @@
 /* Weights prepared for the kernels once, at load: the variant in use decides
  * which matrices it reads faster from a layout of its own (nm_mat_repack_wanted)
- * and this file copies them into it, so that no caller names a variant or a
- * layout. Not the layouts themselves: those are the variants' (x86/). */
+ * or from anonymous memory in the file's (nm_mat_copy_wanted), and this file
+ * copies them there, so that no caller names a variant or a layout. Not the
+ * layouts themselves: those are the variants' (x86/). */
 #include "kernels-impl.h"
 
 #include "threads/threads.h"
 
+#include <string.h>
 #include <sys/mman.h>
 
 /* Rows copied at a time: whole groups of 16 of about this many bytes, so
@@ -14,10 +16,12 @@
  * and the threads share the work evenly. */
 enum { PART_BYTES = 4 << 20 };
 
-/* One part of the copy: rows of one matrix and where they go. */
+/* One part of the copy: rows of one matrix, where they go, and whether in
+ * the variant's layout or as they are. */
 typedef struct part {
     nm_mat rows;
     uint8_t *dst;
+    bool repack;
 } part;
 
 /* The copies: sizes and parts are counted while buf is NULL, then laid out
@@ -26,6 +30,7 @@ typedef struct copy_ctx {
     uint8_t *buf;
     size_t used;
     int32_t n_tensors;
+    int32_t n_as_is;
     part *parts; /* [n_parts] when buf is set */
     size_t n_parts;
     nm_release_fn release;
@@ -33,10 +38,11 @@ typedef struct copy_ctx {
 } copy_ctx;
 
 /* A matrix (count 1) or a stack of count matrices stride bytes apart: its
- * copy in the variant's layout, if the variant wants one. */
+ * copy in the variant's layout or in the file's, if the variant wants one. */
 static void copy_item(copy_ctx *c, const nm_prepare_item *it) {
     nm_mat *first = it->mat;
-    if (!nm_mat_repack_wanted(first)) return;
+    const bool repack = nm_mat_repack_wanted(first);
+    if (!repack && !nm_mat_copy_wanted(first)) return;
     const size_t mat_bytes = (size_t)first->n * first->row_bytes;
     const size_t stride = it->count == 1 ? mat_bytes : it->stride;
     NM_ASSERT(stride == mat_bytes && it->count >= 1);
@@ -44,6 +50,7 @@ static void copy_item(copy_ctx *c, const nm_prepare_item *it) {
     uint8_t *dst = c->buf ? c->buf + c->used : NULL;
     c->used += (bytes + 63) / 64 * 64; /* each copy starts on a cache line */
     c->n_tensors++;
+    c->n_as_is += !repack;
     int64_t rows = (int64_t)(PART_BYTES / first->row_bytes) / 16 * 16;
     if (rows < 16) rows = 16;
     for (int32_t e = 0; e < it->count; e++) {
@@ -57,6 +64,7 @@ static void copy_item(copy_ctx *c, const nm_prepare_item *it) {
                 p->rows.data = (const uint8_t *)mat.data + (size_t)r0 * mat.row_bytes;
                 p->rows.n = r1 - r0;
                 p->dst = dst + (size_t)e * stride + (size_t)r0 * mat.row_bytes;
+                p->repack = repack;
             }
             c->n_parts++;
             r0 = r1;
@@ -64,9 +72,9 @@ static void copy_item(copy_ctx *c, const nm_prepare_item *it) {
     }
     if (!dst) return;
     /* the parts above hold the file's rows; from now on the matrix is the
-     * copy, as nm_mat_repack describes it */
+     * copy, as nm_mat_repack describes it or as the file lays it out */
     first->data = dst;
-    first->layout = NM_LAYOUT_PANEL16;
+    if (repack) first->layout = NM_LAYOUT_PANEL16;
 }
 
 static void copy_all(copy_ctx *c, const nm_prepare_item *items, size_t n_items) {
@@ -78,7 +86,10 @@ static void copy_task(void *ctx, int i, int thread) {
     (void)thread;
     const copy_ctx *c = ctx;
     const part *p = &c->parts[i];
-    nm_mat_repack(&p->rows, p->dst);
+    if (p->repack)
+        nm_mat_repack(&p->rows, p->dst);
+    else
+        memcpy(p->dst, p->rows.data, (size_t)p->rows.n * p->rows.row_bytes);
     if (c->release) c->release(c->release_ctx, p->rows.data, (size_t)p->rows.n * p->rows.row_bytes);
 }
 
@@ -116,6 +127,7 @@ nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_
         out->data = buf;
         out->bytes = c.used;
         out->n_tensors = c.n_tensors;
+        out->n_as_is = c.n_as_is;
     } else {
         munmap(buf, c.used);
     }

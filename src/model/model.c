@@ -151,7 +151,8 @@ static void release_pages(void *ctx, const void *data, size_t n_bytes) {
 }
 
 /* Every matrix the forward pass multiplies with, handed to the kernels,
- * which copy those they want in a layout of their own; not token_embd,
+ * which copy those they want in a layout of their own or in anonymous
+ * memory (huge pages); not token_embd,
  * which is also read by rows (an output tied to it stays as it is). */
 static nm_status prepare_weights(nm_model *m, nm_error *err) {
     /* not wkv_b (MLA): mla.c reads its rows as the file lays them out */
@@ -340,8 +341,11 @@ void nm_model_describe(const nm_model *model, void *file) {
     fprintf(f, "output:              %s\n",
             model->tied_output ? "tied to token_embd" : "own tensor");
     if (model->prepared.n_tensors)
-        fprintf(f, "repacked:            %d tensors, %.2f MiB, for the %s kernels\n",
-                model->prepared.n_tensors, (double)model->prepared.bytes / 1048576.0,
+        fprintf(f,
+                "repacked:            %d tensors (%d of them in the file's layout), %.2f MiB, "
+                "for the %s kernels\n",
+                model->prepared.n_tensors, model->prepared.n_as_is,
+                (double)model->prepared.bytes / 1048576.0,
                 nm_kernels_isa_name(model->prepared.isa));
     else
         fprintf(f, "repacked:            none\n");

@@ -304,12 +304,12 @@ static int npumoe_main(int argc, char **argv) {
     const double load_s = now_s() - load_start;
     nm_model_info load_info;
     nm_model_get_info(model, &load_info);
-    /* a load that a user notices says what it did (copying weights into the
-     * kernels' layout is what takes time) */
+    /* a load that a user notices says what it did (copying weights for the
+     * kernels is what takes time) */
     if (load_s >= 1.0 && load_info.repacked_bytes > 0)
         fprintf(stderr,
-                "npumoe: loaded %s in %.1f s, %.0f MiB of weights copied into the kernels' "
-                "layout (--no-repack skips the copy)\n",
+                "npumoe: loaded %s in %.1f s, %.0f MiB of weights copied for the kernels "
+                "(--no-repack skips the copy)\n",
                 o.model, load_s, (double)load_info.repacked_bytes / 1048576.0);
     int rc = 1;
     switch (cmd) {
