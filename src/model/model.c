@@ -340,15 +340,16 @@ void nm_model_describe(const nm_model *model, void *file) {
             model->compat == NM_COMPAT_LLAMA_CPP ? "llama.cpp compat" : "as trained");
     fprintf(f, "output:              %s\n",
             model->tied_output ? "tied to token_embd" : "own tensor");
-    if (model->prepared.n_tensors)
-        fprintf(f,
-                "repacked:            %d tensors (%d of them in the file's layout), %.2f MiB, "
-                "for the %s kernels\n",
-                model->prepared.n_tensors, model->prepared.n_as_is,
-                (double)model->prepared.bytes / 1048576.0,
-                nm_kernels_isa_name(model->prepared.isa));
-    else
+    const nm_prepared *prep = &model->prepared;
+    if (prep->n_tensors) {
+        fprintf(f, "repacked:            %d tensors, %.2f MiB, for the %s kernels", prep->n_tensors,
+                (double)prep->bytes / 1048576.0, nm_kernels_isa_name(prep->isa));
+        if (prep->n_as_is)
+            fprintf(f, " (%d of them in the file's layout, for the huge pages)", prep->n_as_is);
+        fputc('\n', f);
+    } else {
         fprintf(f, "repacked:            none\n");
+    }
 
     uint64_t bytes_by_type[NM_DTYPE_COUNT] = {0}, count_by_type[NM_DTYPE_COUNT] = {0}, total = 0;
     const uint64_t n_tensors = nm_gguf_n_tensors(model->gguf);
