@@ -647,17 +647,19 @@ static void count_released(void *ctx, const void *data, size_t n_bytes) {
 }
 
 /* nm_kernels_prepare under the variant in use: a stack of 3 BF16 matrices
- * and one matrix each of F16, Q8_0 and F32. Those the variant wants
+ * and one matrix each of F16, Q8_0, F32 and MXFP4. Those the variant wants
  * (nm_mat_repack_wanted, nm_mat_copy_wanted, asked before) move into the
  * mapping, in its layout or as they are, the others stay; under avx2
- * explicitly the F16 and BF16 ones as they are and Q8_0 repacked, and F32
- * nowhere. Every matmul gives the same bits after as before, and the
- * callback is handed every byte that was copied. */
+ * explicitly the float ones as they are, Q8_0 repacked and MXFP4 (which it
+ * reads by rows) nowhere, and under every other variant no float one. Every
+ * matmul gives the same bits after as before, and the callback is handed
+ * every byte that was copied. */
 static void check_prepare(nm_kernels_isa isa) {
-    enum { N_ITEMS = 4, M = 3 };
-    const uint32_t types[N_ITEMS] = {NM_DTYPE_BF16, NM_DTYPE_F16, NM_DTYPE_Q8_0, NM_DTYPE_F32};
-    const int32_t counts[N_ITEMS] = {3, 1, 1, 1};
-    const int64_t ns[N_ITEMS] = {20, 17, 35, 10}, ks[N_ITEMS] = {96, 64, 256, 64};
+    enum { N_ITEMS = 5, M = 3 };
+    const uint32_t types[N_ITEMS] = {NM_DTYPE_BF16, NM_DTYPE_F16, NM_DTYPE_Q8_0, NM_DTYPE_F32,
+                                     NM_DTYPE_MXFP4};
+    const int32_t counts[N_ITEMS] = {3, 1, 1, 1, 1};
+    const int64_t ns[N_ITEMS] = {20, 17, 35, 10, 18}, ks[N_ITEMS] = {96, 64, 256, 64, 64};
     nm_mat mats[N_ITEMS];
     nm_prepare_item items[N_ITEMS];
     uint8_t *data[N_ITEMS];
@@ -689,12 +691,10 @@ static void check_prepare(nm_kernels_isa isa) {
             nm_matmul_forward(&me, x, k, M, y[i] + e * ns[i], n, 0, ns[i]);
         }
     }
-    if (isa == NM_KERNELS_AVX2) {
-        CHECK(as_is[0] && as_is[1] && repack[2] && !repack[3] && !as_is[3]);
-    } else {
-        CHECK(!as_is[0] && !as_is[1]);
-    }
-    CHECK(!repack[3] && !as_is[3]); /* no variant moves F32 */
+    if (isa == NM_KERNELS_AVX2)
+        CHECK(as_is[0] && as_is[1] && repack[2] && as_is[3] && !repack[4] && !as_is[4]);
+    else
+        CHECK(!as_is[0] && !as_is[1] && !as_is[3]);
     nm_prepared prep;
     nm_error err = {0};
     CHECK_INT_EQ(nm_kernels_prepare(items, N_ITEMS, count_released, &released, &prep, &err), NM_OK);

@@ -144,8 +144,8 @@ static void check_model(int mi, float *logits) {
 }
 
 /* The weights copied at load for the kernels (the default): quantised
- * ones into the layout of avx2, avx512vnni or amx, F16 and BF16 ones as
- * they are under avx2 (quantised false: tiny-mixtral, whose experts are
+ * ones into the layout of avx2, avx512vnni or amx, F32, F16 and BF16 ones
+ * as they are under avx2 (quantised false: tiny-mixtral, whose experts are
  * F16), give the same logits, bit for bit, as the file's pages
  * (nm_model_params.no_repack) on a prompt and a decode step. */
 static void check_repacked(const char *path, const char *name, int nv, bool quantised) {

@@ -253,7 +253,7 @@ bool nm_mat_repack_wanted(const nm_mat *w) {
 
 bool nm_mat_copy_wanted(const nm_mat *w) {
     return nm_kernels_active() == NM_KERNELS_AVX2 && w->layout == NM_LAYOUT_ROWS &&
-           (w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16);
+           (w->type == NM_DTYPE_F32 || w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16);
 }
 
 nm_mat nm_mat_repack(const nm_mat *w, void *dst) {

@@ -120,9 +120,9 @@ bool nm_mat_repack_wanted(const nm_mat *w);
 nm_mat nm_mat_repack(const nm_mat *w, void *dst);
 /* Whether the variant in use, reading w in the file's layout, reads it
  * faster from a copy in anonymous memory, which Linux backs with huge pages
- * (a TLB miss per 2 MiB of a weight stream instead of per 4 KiB; BF16
- * prefill 1.12x and generation 1.06x on the Zen 3 of docs/PERFORMANCE.md):
- * avx2 with F16 or BF16 weights, in the file's layout. */
+ * (a TLB miss per 2 MiB of a weight stream instead of per 4 KiB; on the
+ * Zen 3 of docs/PERFORMANCE.md prefill 1.07-1.12x on BF16, 1.10x on F32):
+ * avx2 with F32, F16 or BF16 weights, in the file's layout. */
 bool nm_mat_copy_wanted(const nm_mat *w);
 
 /* ---- weights prepared for the kernels at load ---- */
