@@ -128,8 +128,9 @@ bool nm_mat_copy_wanted(const nm_mat *w);
 /* ---- weights prepared for the kernels at load ---- */
 
 /* A weight matrix, or a stack of count matrices stride bytes apart (count
- * 1: a single matrix, stride unused), that nm_kernels_prepare may move into
- * the active variant's own layout: *mat is then updated in place. */
+ * 1: a single matrix, stride unused), that nm_kernels_prepare may copy into
+ * the active variant's own layout or as it is: *mat is then updated in
+ * place. */
 typedef struct nm_prepare_item {
     nm_mat *mat;
     size_t stride;

@@ -165,8 +165,9 @@ static const option_def option_table[] = {
      "semantics: none = the model as trained (default); llama.cpp = llama.cpp's graph and "
      "numerics (phimoe: RMSNorm+bias and softmax top-k routing; F16 activations)"},
     {"no-repack", 0, KIND_FLAG, F(no_repack), 0, 0, ALL_MODEL & ~CMD_TOKENIZE, NULL,
-     "compute from the file's weights as they are, without copying Q4_0/K-quant ones into the "
-     "avx512vnni kernels' faster layout at load (less memory traffic at start, slower decoding)"},
+     "compute from the file's pages as they are, without the load-time copy of the weights "
+     "into the kernels' faster layout (Q8_0, Q4_0, K-quants) or, under avx2, of float ones "
+     "into huge pages (a faster start, slower prefill and decoding)"},
     {"candidate-compat", 0, KIND_STR, F(cand_compat), 0, 0, CMD_COMPARE, "none|llama.cpp",
      "candidate's semantics (default: --compat); e.g. phimoe as trained vs llama.cpp's"},
     {"chat", 0, KIND_FLAG, F(chat), 0, 0, CMD_RUN, NULL,
