@@ -646,15 +646,28 @@ static void count_released(void *ctx, const void *data, size_t n_bytes) {
     __atomic_add_fetch((size_t *)ctx, n_bytes, __ATOMIC_RELAXED);
 }
 
+/* Whether Linux gives transparent huge pages, read here on its own. */
+static bool thp_enabled(void) {
+    char line[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(line, sizeof line, f)) line[0] = 0;
+        fclose(f);
+    }
+    return strstr(line, "[always]") || strstr(line, "[madvise]");
+}
+
 /* nm_kernels_prepare under the variant in use: a stack of 3 BF16 matrices
  * and one matrix each of F16, Q8_0, F32 and MXFP4. Those the variant wants
  * (nm_mat_repack_wanted, nm_mat_copy_wanted, asked before) move into the
  * mapping, in its layout or as they are, the others stay; under avx2
- * explicitly the float ones as they are, Q8_0 repacked and MXFP4 (which it
- * reads by rows) nowhere, and under every other variant no float one. Every
- * matmul gives the same bits after as before, and the callback is handed
- * every byte that was copied. */
-static void check_prepare(nm_kernels_isa isa) {
+ * explicitly the float ones as they are (where the system gives huge
+ * pages), Q8_0 repacked and MXFP4 (which it reads by rows) nowhere, and
+ * under every other variant no float one. With a budget of one byte
+ * (tight) no copy in the file's layout is made, the repacked ones are.
+ * Every matmul gives the same bits after as before, and the callback is
+ * handed every byte that was copied. */
+static void check_prepare(nm_kernels_isa isa, bool tight) {
     enum { N_ITEMS = 5, M = 3 };
     const uint32_t types[N_ITEMS] = {NM_DTYPE_BF16, NM_DTYPE_F16, NM_DTYPE_Q8_0, NM_DTYPE_F32,
                                      NM_DTYPE_MXFP4};
@@ -679,7 +692,7 @@ static void check_prepare(nm_kernels_isa isa) {
         mats[i] = (nm_mat){.data = data[i], .type = types[i], .n = ns[i], .k = k, .row_bytes = rb};
         items[i] = (nm_prepare_item){&mats[i], (size_t)ns[i] * rb, counts[i]};
         repack[i] = nm_mat_repack_wanted(&mats[i]);
-        as_is[i] = !repack[i] && nm_mat_copy_wanted(&mats[i]);
+        as_is[i] = !repack[i] && nm_mat_copy_wanted(&mats[i]) && !tight;
         if (repack[i] || as_is[i]) {
             n_moved++;
             n_as_is += as_is[i];
@@ -691,13 +704,17 @@ static void check_prepare(nm_kernels_isa isa) {
             nm_matmul_forward(&me, x, k, M, y[i] + e * ns[i], n, 0, ns[i]);
         }
     }
-    if (isa == NM_KERNELS_AVX2)
-        CHECK(as_is[0] && as_is[1] && repack[2] && as_is[3] && !repack[4] && !as_is[4]);
-    else
-        CHECK(!as_is[0] && !as_is[1] && !as_is[3]);
+    CHECK(nm_kernels_huge_pages() == thp_enabled());
+    const bool floats = isa == NM_KERNELS_AVX2 && thp_enabled() && !tight;
+    CHECK(as_is[0] == floats && as_is[1] == floats && as_is[3] == floats);
+    CHECK(repack[2] ==
+          (isa == NM_KERNELS_AVX2 || isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX));
+    if (isa == NM_KERNELS_AVX2) CHECK(!repack[4] && !as_is[4]);
     nm_prepared prep;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_kernels_prepare(items, N_ITEMS, count_released, &released, &prep, &err), NM_OK);
+    CHECK_INT_EQ(nm_kernels_prepare(items, N_ITEMS, tight ? 1 : UINT64_MAX, count_released,
+                                    &released, &prep, &err),
+                 NM_OK);
     CHECK_INT_EQ(prep.n_tensors, n_moved);
     CHECK_INT_EQ(prep.n_as_is, n_as_is);
     CHECK(prep.bytes >= moved_bytes && (prep.data != NULL) == (n_moved > 0));
@@ -967,7 +984,8 @@ int main(void) {
         check_attention((nm_kernels_isa)isa, 4, 1, 256, 9);
         check_attention_f16((nm_kernels_isa)isa, 32, 4, 128, 200);
         check_attention_f16((nm_kernels_isa)isa, 6, 3, 17, 5);
-        check_prepare((nm_kernels_isa)isa);
+        check_prepare((nm_kernels_isa)isa, false);
+        check_prepare((nm_kernels_isa)isa, true);
         printf("variant %s: checked\n", nm_kernels_isa_name((nm_kernels_isa)isa));
     }
     nm_kernels_force(start);

@@ -65,6 +65,10 @@ double nm_rng_unit(nm_rng *r);
 /* Monotonic wall clock in nanoseconds. */
 int64_t nm_time_ns(void);
 
+/* Bytes of memory the system can give without swapping (Linux's
+ * MemAvailable: free memory and reclaimable caches); UINT64_MAX where it
+ * does not say. */
+uint64_t nm_mem_available(void);
 
 /* nm_outfile (outfile.c) is public: npumoe.h. */
 

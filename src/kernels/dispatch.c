@@ -251,9 +251,19 @@ bool nm_mat_repack_wanted(const nm_mat *w) {
 #endif
 }
 
+bool nm_kernels_huge_pages(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    char line[128];
+    const bool given = fgets(line, sizeof line, f) && strstr(line, "[never]") == NULL;
+    fclose(f);
+    return given;
+}
+
 bool nm_mat_copy_wanted(const nm_mat *w) {
     return nm_kernels_active() == NM_KERNELS_AVX2 && w->layout == NM_LAYOUT_ROWS &&
-           (w->type == NM_DTYPE_F32 || w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16);
+           (w->type == NM_DTYPE_F32 || w->type == NM_DTYPE_F16 || w->type == NM_DTYPE_BF16) &&
+           nm_kernels_huge_pages();
 }
 
 nm_mat nm_mat_repack(const nm_mat *w, void *dst) {

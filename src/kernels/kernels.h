@@ -118,11 +118,15 @@ bool nm_mat_repack_wanted(const nm_mat *w);
  * the same whatever the other rows, so a matrix may be repacked in parts
  * that start at multiples of 16 rows. */
 nm_mat nm_mat_repack(const nm_mat *w, void *dst);
+/* Whether Linux backs anonymous memory advised MADV_HUGEPAGE with huge
+ * pages (transparent huge pages "always" or "madvise", not "never"). */
+bool nm_kernels_huge_pages(void);
 /* Whether the variant in use, reading w in the file's layout, reads it
- * faster from a copy in anonymous memory, which Linux backs with huge pages
- * (a TLB miss per 2 MiB of a weight stream instead of per 4 KiB; on the
- * Zen 3 of docs/PERFORMANCE.md prefill 1.07-1.12x on BF16, 1.10x on F32):
- * avx2 with F32, F16 or BF16 weights, in the file's layout. */
+ * faster from a copy in anonymous memory backed by huge pages (a TLB miss
+ * per 2 MiB of a weight stream instead of per 4 KiB; on the Zen 3 of
+ * docs/PERFORMANCE.md prefill 1.07-1.12x on BF16, 1.10x on F32): avx2 with
+ * F32, F16 or BF16 weights, in the file's layout, where the system gives
+ * huge pages (nm_kernels_huge_pages). */
 bool nm_mat_copy_wanted(const nm_mat *w);
 
 /* ---- weights prepared for the kernels at load ---- */
@@ -156,12 +160,17 @@ typedef void (*nm_release_fn)(void *ctx, const void *data, size_t n_bytes);
  * its layouts: each item it computes faster from a copy in its own layout
  * (nm_mat_repack_wanted) or in the file's (nm_mat_copy_wanted) is copied, in
  * parts of a few MiB on one thread per online CPU, into one mapping, and its
- * nm_mat then points there; the others are left as they are. release may
- * be NULL. Every matmul gives the same bits after as before. On failure
- * (NM_ERR_NOMEM) nothing is changed and *out is empty. Free with
- * nm_prepared_free after the last use of the matrices. */
-nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_fn release,
-                             void *release_ctx, nm_prepared *out, nm_error *err);
+ * nm_mat then points there; the others are left as they are. The copies in
+ * the file's layout are made only when all the copies together take at
+ * most budget bytes (the memory the system can give: they only speed up
+ * reads, and the file's pages, unlike them, can be dropped and read again
+ * under pressure). release may be NULL. Every matmul gives the same bits
+ * after as before. On failure (NM_ERR_NOMEM) nothing is changed and *out
+ * is empty. Free with nm_prepared_free after the last use of the
+ * matrices. */
+nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, uint64_t budget,
+                             nm_release_fn release, void *release_ctx, nm_prepared *out,
+                             nm_error *err);
 void nm_prepared_free(nm_prepared *prepared);
 
 /* The gated activation of an expert FFN, h = act(g, u). */

@@ -31,6 +31,7 @@ typedef struct copy_ctx {
     size_t used;
     int32_t n_tensors;
     int32_t n_as_is;
+    bool as_is;  /* whether copies in the file's layout are made */
     part *parts; /* [n_parts] when buf is set */
     size_t n_parts;
     nm_release_fn release;
@@ -42,7 +43,7 @@ typedef struct copy_ctx {
 static void copy_item(copy_ctx *c, const nm_prepare_item *it) {
     nm_mat *first = it->mat;
     const bool repack = nm_mat_repack_wanted(first);
-    if (!repack && !nm_mat_copy_wanted(first)) return;
+    if (!repack && !(c->as_is && nm_mat_copy_wanted(first))) return;
     const size_t mat_bytes = (size_t)first->n * first->row_bytes;
     const size_t stride = it->count == 1 ? mat_bytes : it->stride;
     NM_ASSERT(stride == mat_bytes && it->count >= 1);
@@ -93,13 +94,19 @@ static void copy_task(void *ctx, int i, int thread) {
     if (c->release) c->release(c->release_ctx, p->rows.data, (size_t)p->rows.n * p->rows.row_bytes);
 }
 
-nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_fn release,
-                             void *release_ctx, nm_prepared *out, nm_error *err) {
+nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, uint64_t budget,
+                             nm_release_fn release, void *release_ctx, nm_prepared *out,
+                             nm_error *err) {
     NM_ASSERT(out && (items || n_items == 0));
     *out = (nm_prepared){.isa = nm_kernels_active()};
-    copy_ctx c = {0};
+    copy_ctx c = {.as_is = true};
     copy_all(&c, items, n_items);
+    if (c.n_as_is > 0 && c.used > budget) { /* the repacked ones alone */
+        c = (copy_ctx){.as_is = false};
+        copy_all(&c, items, n_items);
+    }
     if (c.used == 0) return NM_OK;
+    const bool as_is = c.as_is;
     if (c.n_parts > INT32_MAX)
         return nm_errorf(err, NM_ERR_UNSUPPORTED, "%zu parts of weights to repack", c.n_parts);
     void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -119,7 +126,11 @@ nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, nm_release_
                          : nm_errorf(err, NM_ERR_NOMEM, "out of memory for the repacking");
     if (st == NM_OK) {
         const size_t bytes = c.used;
-        c = (copy_ctx){.buf = buf, .parts = parts, .release = release, .release_ctx = release_ctx};
+        c = (copy_ctx){.buf = buf,
+                       .as_is = as_is,
+                       .parts = parts,
+                       .release = release,
+                       .release_ctx = release_ctx};
         copy_all(&c, items, n_items);
         NM_ASSERT(c.used == bytes);
         nm_pool_run(pool, copy_task, &c, (int)c.n_parts);

@@ -189,7 +189,8 @@ static nm_status prepare_weights(nm_model *m, nm_error *err) {
                 items[n++] = layer[i];
     }
     if (!m->tied_output) items[n++] = (nm_prepare_item){&m->output, 0, 1};
-    nm_status st = nm_kernels_prepare(items, n, release_pages, m->gguf, &m->prepared, err);
+    nm_status st =
+        nm_kernels_prepare(items, n, nm_mem_available(), release_pages, m->gguf, &m->prepared, err);
     nm_free(items);
     return st;
 }
