@@ -663,11 +663,12 @@ static bool thp_enabled(void) {
  * mapping, in its layout or as they are, the others stay; under avx2
  * explicitly the float ones as they are (where the system gives huge
  * pages), Q8_0 repacked and MXFP4 (which it reads by rows) nowhere, and
- * under every other variant no float one. With a budget of one byte
- * (tight) no copy in the file's layout is made, the repacked ones are.
- * Every matmul gives the same bits after as before, and the callback is
- * handed every byte that was copied. */
-static void check_prepare(nm_kernels_isa isa, bool tight) {
+ * under every other variant no float one. Within a budget (of bytes of
+ * copies) of tight: 0, any; 1, the repacked ones' bytes (only those are
+ * made); 2, one byte less (none is). Every matmul gives the same bits after
+ * as before, the callback is handed every byte that was copied, and the
+ * bytes not copied are counted. */
+static void check_prepare(nm_kernels_isa isa, int tight) {
     enum { N_ITEMS = 5, M = 3 };
     const uint32_t types[N_ITEMS] = {NM_DTYPE_BF16, NM_DTYPE_F16, NM_DTYPE_Q8_0, NM_DTYPE_F32,
                                      NM_DTYPE_MXFP4};
@@ -678,7 +679,7 @@ static void check_prepare(nm_kernels_isa isa, bool tight) {
     uint8_t *data[N_ITEMS];
     float *y[N_ITEMS], *x = malloc(M * 256 * sizeof(float));
     bool repack[N_ITEMS], as_is[N_ITEMS];
-    size_t moved_bytes = 0, released = 0;
+    size_t moved_bytes = 0, released = 0, repack_bytes = 0, unfit = 0;
     int32_t n_moved = 0, n_as_is = 0;
     CHECK(nm_kernels_force(isa));
     for (int64_t i = 0; i < M * 256; i++)
@@ -692,12 +693,7 @@ static void check_prepare(nm_kernels_isa isa, bool tight) {
         mats[i] = (nm_mat){.data = data[i], .type = types[i], .n = ns[i], .k = k, .row_bytes = rb};
         items[i] = (nm_prepare_item){&mats[i], (size_t)ns[i] * rb, counts[i]};
         repack[i] = nm_mat_repack_wanted(&mats[i]);
-        as_is[i] = !repack[i] && nm_mat_copy_wanted(&mats[i]) && !tight;
-        if (repack[i] || as_is[i]) {
-            n_moved++;
-            n_as_is += as_is[i];
-            moved_bytes += (size_t)n * rb;
-        }
+        as_is[i] = !repack[i] && nm_mat_copy_wanted(&mats[i]);
         y[i] = malloc((size_t)(M * n) * sizeof(float));
         for (int32_t e = 0; e < counts[i]; e++) {
             const nm_mat me = nm_expert_mat(&mats[i], items[i].stride, e);
@@ -705,16 +701,35 @@ static void check_prepare(nm_kernels_isa isa, bool tight) {
         }
     }
     CHECK(nm_kernels_huge_pages() == thp_enabled());
-    const bool floats = isa == NM_KERNELS_AVX2 && thp_enabled() && !tight;
+    const bool floats = isa == NM_KERNELS_AVX2 && thp_enabled();
     CHECK(as_is[0] == floats && as_is[1] == floats && as_is[3] == floats);
     CHECK(repack[2] ==
           (isa == NM_KERNELS_AVX2 || isa == NM_KERNELS_AVX512VNNI || isa == NM_KERNELS_AMX));
     if (isa == NM_KERNELS_AVX2) CHECK(!repack[4] && !as_is[4]);
+    /* what fits the budget: the bytes of each copy rounded up to a line */
+    for (int i = 0; i < N_ITEMS; i++)
+        repack_bytes +=
+            repack[i] ? ((size_t)ns[i] * counts[i] * mats[i].row_bytes + 63) / 64 * 64 : 0;
+    for (int i = 0; i < N_ITEMS; i++) {
+        const size_t bytes = (size_t)ns[i] * counts[i] * mats[i].row_bytes;
+        if ((as_is[i] && tight) || (repack[i] && tight == 2)) {
+            as_is[i] = repack[i] = false;
+            unfit += (bytes + 63) / 64 * 64;
+        }
+        if (repack[i] || as_is[i]) {
+            n_moved++;
+            n_as_is += as_is[i];
+            moved_bytes += bytes;
+        }
+    }
     nm_prepared prep;
     nm_error err = {0};
-    CHECK_INT_EQ(nm_kernels_prepare(items, N_ITEMS, tight ? 1 : UINT64_MAX, count_released,
-                                    &released, &prep, &err),
+    const uint64_t budget = tight == 0   ? UINT64_MAX
+                            : tight == 1 ? repack_bytes
+                                         : (repack_bytes > 0 ? repack_bytes - 1 : 0);
+    CHECK_INT_EQ(nm_kernels_prepare(items, N_ITEMS, budget, count_released, &released, &prep, &err),
                  NM_OK);
+    CHECK(prep.unfit_bytes == unfit);
     CHECK_INT_EQ(prep.n_tensors, n_moved);
     CHECK_INT_EQ(prep.n_as_is, n_as_is);
     CHECK(prep.bytes >= moved_bytes && (prep.data != NULL) == (n_moved > 0));
@@ -984,8 +999,8 @@ int main(void) {
         check_attention((nm_kernels_isa)isa, 4, 1, 256, 9);
         check_attention_f16((nm_kernels_isa)isa, 32, 4, 128, 200);
         check_attention_f16((nm_kernels_isa)isa, 6, 3, 17, 5);
-        check_prepare((nm_kernels_isa)isa, false);
-        check_prepare((nm_kernels_isa)isa, true);
+        for (int tight = 0; tight < 3; tight++)
+            check_prepare((nm_kernels_isa)isa, tight);
         printf("variant %s: checked\n", nm_kernels_isa_name((nm_kernels_isa)isa));
     }
     nm_kernels_force(start);

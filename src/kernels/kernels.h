@@ -142,12 +142,13 @@ typedef struct nm_prepare_item {
 } nm_prepare_item;
 
 /* What nm_kernels_prepare made: the copies, in one anonymous mapping,
- * read-only once made. Zero bytes (and data NULL) when nothing wanted one. */
+ * read-only once made. Zero bytes (and data NULL) when none was made. */
 typedef struct nm_prepared {
     void *data;
     size_t bytes;
     int32_t n_tensors;  /* items copied (a stack counts once) */
     int32_t n_as_is;    /* of them, copied in the file's layout (nm_mat_copy_wanted) */
+    size_t unfit_bytes; /* copies wanted but not made: over the budget */
     nm_kernels_isa isa; /* the variant whose layout they are in */
 } nm_prepared;
 
@@ -160,11 +161,12 @@ typedef void (*nm_release_fn)(void *ctx, const void *data, size_t n_bytes);
  * its layouts: each item it computes faster from a copy in its own layout
  * (nm_mat_repack_wanted) or in the file's (nm_mat_copy_wanted) is copied, in
  * parts of a few MiB on one thread per online CPU, into one mapping, and its
- * nm_mat then points there; the others are left as they are. The copies in
- * the file's layout are made only when all the copies together take at
- * most budget bytes (the memory the system can give: they only speed up
- * reads, and the file's pages, unlike them, can be dropped and read again
- * under pressure). release may be NULL. Every matmul gives the same bits
+ * nm_mat then points there; the others are left as they are. The copies
+ * only speed up reads and, unlike the file's pages, cannot be dropped and
+ * read again under memory pressure, so they are made only within budget
+ * bytes (the memory the system can give): all of them if they fit, else
+ * those in the variant's layout if they do, else none (the matrices are
+ * then computed from the file's layout). release may be NULL. Every matmul gives the same bits
  * after as before. On failure (NM_ERR_NOMEM) nothing is changed and *out
  * is empty. Free with nm_prepared_free after the last use of the
  * matrices. */

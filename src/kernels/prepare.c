@@ -31,6 +31,7 @@ typedef struct copy_ctx {
     size_t used;
     int32_t n_tensors;
     int32_t n_as_is;
+    bool repack; /* whether copies in the variant's layout are made */
     bool as_is;  /* whether copies in the file's layout are made */
     part *parts; /* [n_parts] when buf is set */
     size_t n_parts;
@@ -42,7 +43,7 @@ typedef struct copy_ctx {
  * copy in the variant's layout or in the file's, if the variant wants one. */
 static void copy_item(copy_ctx *c, const nm_prepare_item *it) {
     nm_mat *first = it->mat;
-    const bool repack = nm_mat_repack_wanted(first);
+    const bool repack = c->repack && nm_mat_repack_wanted(first);
     if (!repack && !(c->as_is && nm_mat_copy_wanted(first))) return;
     const size_t mat_bytes = (size_t)first->n * first->row_bytes;
     const size_t stride = it->count == 1 ? mat_bytes : it->stride;
@@ -99,14 +100,22 @@ nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, uint64_t bu
                              nm_error *err) {
     NM_ASSERT(out && (items || n_items == 0));
     *out = (nm_prepared){.isa = nm_kernels_active()};
-    copy_ctx c = {.as_is = true};
+    /* all the copies; if they do not fit, the repacked ones alone; if those
+     * do not either, none */
+    copy_ctx c = {.repack = true, .as_is = true};
     copy_all(&c, items, n_items);
-    if (c.n_as_is > 0 && c.used > budget) { /* the repacked ones alone */
-        c = (copy_ctx){.as_is = false};
+    const size_t wanted = c.used;
+    if (c.used > budget && c.n_as_is > 0) {
+        c = (copy_ctx){.repack = true};
         copy_all(&c, items, n_items);
     }
-    if (c.used == 0) return NM_OK;
-    const bool as_is = c.as_is;
+    if (c.used > budget) c = (copy_ctx){0};
+    const size_t unfit = wanted - c.used;
+    if (c.used == 0) {
+        out->unfit_bytes = unfit;
+        return NM_OK;
+    }
+    const bool repack = c.repack, as_is = c.as_is;
     if (c.n_parts > INT32_MAX)
         return nm_errorf(err, NM_ERR_UNSUPPORTED, "%zu parts of weights to repack", c.n_parts);
     void *buf = mmap(NULL, c.used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -127,6 +136,7 @@ nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, uint64_t bu
     if (st == NM_OK) {
         const size_t bytes = c.used;
         c = (copy_ctx){.buf = buf,
+                       .repack = repack,
                        .as_is = as_is,
                        .parts = parts,
                        .release = release,
@@ -139,6 +149,7 @@ nm_status nm_kernels_prepare(nm_prepare_item *items, size_t n_items, uint64_t bu
         out->bytes = c.used;
         out->n_tensors = c.n_tensors;
         out->n_as_is = c.n_as_is;
+        out->unfit_bytes = unfit;
     } else {
         munmap(buf, c.used);
     }

@@ -347,10 +347,13 @@ void nm_model_describe(const nm_model *model, void *file) {
                 (double)prep->bytes / 1048576.0, nm_kernels_isa_name(prep->isa));
         if (prep->n_as_is)
             fprintf(f, " (%d of them in the file's layout, for the huge pages)", prep->n_as_is);
-        fputc('\n', f);
     } else {
-        fprintf(f, "repacked:            none\n");
+        fprintf(f, "repacked:            none");
     }
+    if (prep->unfit_bytes)
+        fprintf(f, "; %.2f MiB more wanted, over the memory available: read from the file",
+                (double)prep->unfit_bytes / 1048576.0);
+    fputc('\n', f);
 
     uint64_t bytes_by_type[NM_DTYPE_COUNT] = {0}, count_by_type[NM_DTYPE_COUNT] = {0}, total = 0;
     const uint64_t n_tensors = nm_gguf_n_tensors(model->gguf);
