@@ -165,7 +165,7 @@ static void check_repacked(const char *path, const char *name, int nv, bool quan
         CHECK_INT_EQ(nm_model_load(path, &mp, &m, &err), NM_OK);
         if (m) CHECK_INT_EQ(nm_session_new(m, &sp, &s, &err), NM_OK);
         if (s) CHECK_INT_EQ(nm_session_n_vocab(s), nv);
-        if (s) {
+        if (s && nm_session_n_vocab(s) == nv) { /* out[v] holds nv logits a row */
             CHECK_INT_EQ(nm_session_eval(s, ids, n, out[v], true, &err), NM_OK);
             CHECK_INT_EQ(nm_session_eval(s, ids, 1, out[v] + (size_t)n * nv, false, &err), NM_OK);
         }
