@@ -252,12 +252,17 @@ bool nm_mat_repack_wanted(const nm_mat *w) {
 }
 
 bool nm_kernels_huge_pages(void) {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return false;
-    char line[128];
-    const bool given = fgets(line, sizeof line, f) && strstr(line, "[never]") == NULL;
-    fclose(f);
-    return given;
+    /* read once (a load asks for every matrix): 0 not yet, 1 no, 2 yes */
+    static atomic_int known;
+    int v = atomic_load(&known);
+    if (v == 0) {
+        FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        char line[128];
+        v = f && fgets(line, sizeof line, f) && strstr(line, "[never]") == NULL ? 2 : 1;
+        if (f) fclose(f);
+        atomic_store(&known, v);
+    }
+    return v == 2;
 }
 
 bool nm_mat_copy_wanted(const nm_mat *w) {
