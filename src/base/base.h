@@ -65,10 +65,15 @@ double nm_rng_unit(nm_rng *r);
 /* Monotonic wall clock in nanoseconds. */
 int64_t nm_time_ns(void);
 
-/* Bytes of memory the system can give without swapping (Linux's
- * MemAvailable: free memory and reclaimable caches); UINT64_MAX where it
- * does not say. */
+/* Bytes of memory the process can be given without swapping or meeting
+ * its memory cgroup's limit: the least of Linux's MemAvailable (free
+ * memory and reclaimable caches) and, where the process's cgroup (v1 or
+ * v2) or one of its ancestors has a limit, that limit less what the cgroup
+ * holds beyond file pages; UINT64_MAX where neither says.
+ * nm_mem_available_under reads those files under the directory root
+ * instead of / (tests). */
 uint64_t nm_mem_available(void);
+uint64_t nm_mem_available_under(const char *root);
 
 /* nm_outfile (outfile.c) is public: npumoe.h. */
 
