@@ -1,8 +1,9 @@
 /* This machine's peaks that need no AVX-512, measured (compiled with the
  * AVX2 flags; called only where CPUID reports AVX2 and FMA): one core's
  * FP32 FMA rate on 8-lane vectors (12 independent accumulators, enough for
- * two FMA units of latency 4 or 5), and the memory read bandwidth with 1
- * and n threads (8-lane loads: the rate memory delivers, on every CPU). */
+ * two FMA units of latency 4 or 5), its rate of exact int8 products without
+ * VNNI, and the memory read bandwidth with 1 and n threads (8-lane loads:
+ * the rate memory delivers, on every CPU). */
 #include "peaks.h"
 
 #include <pthread.h>
@@ -37,6 +38,39 @@ double nm_peak_fma_avx2_gflops(void) {
     }
     if (sink == 12345.0f) return 0; /* keeps the loop alive */
     return (double)ITERS * CHAINS * 8 * 2 / dt * 1e-9;
+}
+
+/* int8 products as the avx2 variant's quantised matmuls make them, with no
+ * VNNI: per 32 signed products a vpsignb (the activation codes take the
+ * weight's sign), a vpmaddubsw (|w| times them, pairs summed into int16), a
+ * vpmaddwd (pairs of those into int32) and a vpaddd; 6 independent
+ * accumulators. The empty asm makes the weights new to the compiler each
+ * iteration, so nothing is hoisted out of the loop. 2 ops per product. */
+double nm_peak_int8_avx2_gops(void) {
+    enum { ACC = 6 };
+    __m256i acc[ACC], x[ACC]; /* a code vector per accumulator: nothing to share */
+    __m256i w = _mm256_set1_epi8(-3), aw = _mm256_abs_epi8(w);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < ACC; c++)
+        acc[c] = _mm256_setzero_si256();
+    for (int c = 0; c < ACC; c++)
+        x[c] = _mm256_set1_epi8((char)(5 + c));
+    const double t0 = now();
+    for (int i = 0; i < ITERS; i++) {
+        __asm__("" : "+x"(w), "+x"(aw));
+        for (int c = 0; c < ACC; c++) {
+            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[c], w));
+            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(p, ones));
+        }
+    }
+    const double dt = now() - t0;
+    int32_t sink = 0, lanes[8];
+    for (int c = 0; c < ACC; c++) {
+        _mm256_storeu_si256((__m256i *)lanes, acc[c]);
+        sink += lanes[0];
+    }
+    if (sink == 12345) return 0; /* keeps the loop alive */
+    return (double)ITERS * ACC * 32 * 2 / dt * 1e-9;
 }
 
 typedef struct bw_arg {
@@ -89,6 +123,7 @@ double nm_peak_read_gbs(int n_threads) {
 }
 #else
 double nm_peak_fma_avx2_gflops(void) { return 0; }
+double nm_peak_int8_avx2_gops(void) { return 0; }
 double nm_peak_read_gbs(int n_threads) {
     (void)n_threads;
     return 0;
