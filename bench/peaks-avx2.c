@@ -40,7 +40,7 @@ double nm_peak_fma_avx2_gflops(void) {
     return (double)ITERS * CHAINS * 8 * 2 / dt * 1e-9;
 }
 
-/* int8 products as the avx2 variant's quantised matmuls make them, with no
+/* int8 products as the avx2 variant's Q8_0 matmul makes them, with no
  * VNNI: per 32 signed products a vpsignb (the activation codes take the
  * weight's sign), a vpmaddubsw (|w| times them, pairs summed into int16), a
  * vpmaddwd (pairs of those into int32) and a vpaddd; 6 independent
