@@ -347,18 +347,18 @@ ALWAYS_INLINE void fetch(uint32_t type, int packed, const wsrc *src, int64_t g, 
  * which unit_rows' products in a panel use instead of vpsignb (see there). */
 enum { Q8_PANEL_BLOCKS = 2 };
 ALWAYS_INLINE void q8_panel_unit(wblock *o) {
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const __m256i ones8 = _mm256_set1_epi8(1);
     __m256i c = _mm256_setzero_si256();
     for (int t = 0; t < 8; t++) {
         const __m256i w = o[0].q[t], aw = _mm256_abs_epi8(w);
         const __m256i neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), w);
-        /* |w| where w < 0, bytes summed in pairs (at most 256), then fours */
-        const __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(aw, neg), ones8);
-        c = _mm256_add_epi32(c, _mm256_madd_epi16(p, ones16));
+        /* |w| where w < 0, bytes summed in pairs (at most 256; over the
+         * unit at most 2048 in int16), then into fours */
+        c = _mm256_add_epi16(c, _mm256_maddubs_epi16(_mm256_and_si256(aw, neg), ones8));
         o[0].q[t] = aw;
         o[1].q[t] = neg;
     }
-    o[0].aux = c;
+    o[0].aux = _mm256_madd_epi16(c, _mm256_set1_epi16(1));
 }
 
 /* Blocks per unit in a panel. */
