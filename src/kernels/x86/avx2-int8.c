@@ -99,8 +99,8 @@ static void quantise_row(uint32_t type, const float *x, int64_t n, int8_t *q, nm
         const __m256i p =
             _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
         _mm256_storeu_si256((__m256i *)(q + QB * b), _mm256_permutevar8x32_epi32(p, order));
-        int32_t s[2];
-        for (int half = 0; half < 2; half++) {
+        int32_t s[2] = {0, 0};
+        for (int half = 0; half < 2 && type != NM_DTYPE_Q8_0; half++) { /* Q8_0: no sums */
             const __m256i s8 = _mm256_add_epi32(qi[2 * half], qi[2 * half + 1]);
             __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
