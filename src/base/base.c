@@ -234,7 +234,8 @@ static uint64_t cgroup_available(const char *root) {
         room = cgroup_room(dir, "/memory.limit_in_bytes", "/memory.usage_in_bytes",
                            "total_active_file ", "total_inactive_file ");
         /* an ancestor's limit (the least on the way up): what the ancestor
-         * holds is not known here, so that limit less this cgroup's room */
+         * holds is not known here, so that limit less what this cgroup
+         * holds, the most the ancestor can leave it */
         unsigned long long hier;
         if (read_number_after(dir, "/memory.stat", "hierarchical_memory_limit ", "", &hier) &&
             hier < (1ull << 60)) {
