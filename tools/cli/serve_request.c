@@ -14,14 +14,33 @@
 enum { HTTP_BAD_REQUEST = 400, HTTP_NOT_FOUND = 404 };
 
 /* {"error":{"message":..,"type":..,"param":null,"code":..}} */
+/* Cuts s before a UTF-8 sequence left incomplete at its end. */
+static void cut_partial_utf8(char *s) {
+    const size_t len = strlen(s);
+    size_t i = len;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--;
+    if (i == 0) return;
+    const unsigned char lead = (unsigned char)s[i - 1];
+    const size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (len - (i - 1) < want) s[i - 1] = '\0';
+}
+
 json_t *error_json(const char *type, const char *code, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    const int n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", type, "param",
-                     "code", code);
+    /* a message cut short (a long model name in it) may end inside a UTF-8
+     * sequence, which jansson refuses: NULL here would read as no error */
+    if (n >= (int)sizeof msg) cut_partial_utf8(msg);
+    json_t *e = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", type,
+                          "param", "code", code);
+    if (!e) /* still not text jansson takes: the error without its details */
+        e = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", "the request was refused",
+                      "type", type, "param", "code", code);
+    return e;
 }
 
 /* A 400 for a field of the wrong type or range; returns NULL for chaining. */
