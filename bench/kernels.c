@@ -362,7 +362,8 @@ int main(int argc, char **argv) {
         bw1 = nm_peak_read_gbs(1);
         bw2 = nm_peak_read_gbs(2);
     }
-    /* the avx2 variant's Q8_0 products (every x86 variant's CPU runs them) */
+    /* the avx2 variant's Q8_0 products with vpsignb (every x86 variant's CPU
+     * runs them) */
     if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX2)) i8avx2 = nm_peak_int8_avx2_gops();
     printf("# peaks (one core): FP32 FMA%s %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
            "int8 VNNI (vpdpbusd) %.1f GOP/s, int8 AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) "

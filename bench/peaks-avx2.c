@@ -40,8 +40,9 @@ double nm_peak_fma_avx2_gflops(void) {
     return (double)ITERS * CHAINS * 8 * 2 / dt * 1e-9;
 }
 
-/* int8 products as the avx2 variant's Q8_0 matmul makes them, with no
- * VNNI: per 32 signed products a vpsignb (the activation codes take the
+/* int8 products as the avx2 variant's Q8_0 matmul makes them for one to
+ * four activation rows (more rows take vpxor instead of vpsignb: see
+ * avx2-int8.c), with no VNNI: per 32 signed products a vpsignb (the activation codes take the
  * weight's sign), a vpmaddubsw (|w| times them, pairs summed into int16), a
  * vpmaddwd (pairs of those into int32) and a vpaddd; 6 independent
  * accumulators. The empty asm makes the weights new to the compiler each

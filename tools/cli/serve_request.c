@@ -13,7 +13,6 @@
 
 enum { HTTP_BAD_REQUEST = 400, HTTP_NOT_FOUND = 404 };
 
-/* {"error":{"message":..,"type":..,"param":null,"code":..}} */
 /* Cuts s before a UTF-8 sequence left incomplete at its end. */
 static void cut_partial_utf8(char *s) {
     const size_t len = strlen(s);
@@ -26,6 +25,7 @@ static void cut_partial_utf8(char *s) {
     if (len - (i - 1) < want) s[i - 1] = '\0';
 }
 
+/* {"error":{"message":..,"type":..,"param":null,"code":..}} */
 json_t *error_json(const char *type, const char *code, const char *fmt, ...) {
     char msg[512];
     va_list ap;
