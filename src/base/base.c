@@ -175,14 +175,12 @@ static uint64_t cgroup_room_limit(const char *dir, unsigned long long limit, con
     return held < limit ? (uint64_t)(limit - held) : 0;
 }
 
-/* The same under the cgroup's own limit (limit_file); UINT64_MAX where it
- * has none or its files do not say. */
-static uint64_t cgroup_room(const char *dir, const char *limit_file, const char *usage_file,
-                            const char *stat_active, const char *stat_inactive) {
+/* The same for a v2 cgroup under its own memory.max; UINT64_MAX where it
+ * has none ("max") or its files do not say. */
+static uint64_t cgroup2_room(const char *dir) {
     unsigned long long limit;
-    if (!read_number_after(dir, limit_file, "", "", &limit)) return UINT64_MAX; /* "max" in v2 */
-    if (limit >= (1ull << 60)) return UINT64_MAX; /* v1's "no limit" */
-    return cgroup_room_limit(dir, limit, usage_file, stat_active, stat_inactive);
+    if (!read_number_after(dir, "/memory.max", "", "", &limit)) return UINT64_MAX;
+    return cgroup_room_limit(dir, limit, "/memory.current", "active_file ", "inactive_file ");
 }
 
 /* The room of the memory cgroup the process runs in, its ancestors'
@@ -231,18 +229,18 @@ static uint64_t cgroup_available(const char *root) {
         if (!join_path(dir, sizeof dir, base, path) ||
             !join_path(name, sizeof name, dir, "/memory.stat") || access(name, R_OK) != 0)
             strcpy(dir, base);
-        room = cgroup_room(dir, "/memory.limit_in_bytes", "/memory.usage_in_bytes",
-                           "total_active_file ", "total_inactive_file ");
-        /* an ancestor's limit (the least on the way up): what the ancestor
-         * holds is not known here, so that limit less what this cgroup
-         * holds, the most the ancestor can leave it */
-        unsigned long long hier;
-        if (read_number_after(dir, "/memory.stat", "hierarchical_memory_limit ", "", &hier) &&
-            hier < (1ull << 60)) {
-            const uint64_t r = cgroup_room_limit(dir, hier, "/memory.usage_in_bytes",
-                                                 "total_active_file ", "total_inactive_file ");
-            if (r < room) room = r;
-        }
+        /* the least of its own limit and an ancestor's (memory.stat's
+         * hierarchical_memory_limit, the least on the way up: what the
+         * ancestor holds is not known here, so that limit less what this
+         * cgroup holds, the most the ancestor can leave it); v1 writes a
+         * number near 2^63 for "no limit" */
+        unsigned long long own = ULLONG_MAX, hier = ULLONG_MAX;
+        read_number_after(dir, "/memory.limit_in_bytes", "", "", &own);
+        read_number_after(dir, "/memory.stat", "hierarchical_memory_limit ", "", &hier);
+        const unsigned long long limit = own < hier ? own : hier;
+        if (limit < (1ull << 60))
+            room = cgroup_room_limit(dir, limit, "/memory.usage_in_bytes", "total_active_file ",
+                                     "total_inactive_file ");
     } else if (version == 2) {
         /* the cgroup and each ancestor below the mount */
         if (!join_path(base, sizeof base, root, "/sys/fs/cgroup")) return UINT64_MAX;
@@ -250,8 +248,7 @@ static uint64_t cgroup_available(const char *root) {
         for (;;) {
             path[n] = '\0';
             if (join_path(dir, sizeof dir, base, path)) {
-                const uint64_t r = cgroup_room(dir, "/memory.max", "/memory.current",
-                                               "active_file ", "inactive_file ");
+                const uint64_t r = cgroup2_room(dir);
                 if (r < room) room = r;
             }
             /* up one level: drop the last name and the slashes before it */
