@@ -11,7 +11,8 @@ and settings (chat and plain), usage and finish_reason (length, stop),
 streamed chunks that join into the non-streamed text and end with [DONE],
 every bad request with its status and OpenAI-shaped error (the server
 answering a good request after them), the API key, the refusal of a
-non-loopback host without a key, a clean exit on SIGTERM and SIGINT; with
+non-loopback host without a key, a clean exit on SIGTERM and SIGINT, a
+model file name that is not UTF-8 (U+FFFD in the model id); with
 slots: the queue bound (503), clients that leave (cancelled, the slot free),
 SIGTERM with a stream in flight and one waiting, two streams sharing decode
 steps, 8 clients at once on 2 slots equal to one at a time, /metrics against
@@ -623,6 +624,29 @@ def test_api_key(b, model):
     check(rc == 0, "SIGINT: the server exits 0", f"exit {rc}")
 
 
+def test_model_name(b, model):
+    """A file name that is not UTF-8 and longer than the id's 255 bytes: the id
+    has U+FFFD for the bad bytes and is cut on a whole character, and the
+    responses that carry it are sent."""
+    with tempfile.TemporaryDirectory() as d:
+        name = b"tiny-\xff\xfe-" + ("\u00e9" * 120).encode() + b".gguf"
+        path = os.path.join(os.fsencode(d), name)
+        os.symlink(os.path.abspath(model), path)
+        want = name.decode("utf-8", "replace").encode()[:255].decode("utf-8", "ignore")
+        srv = Server(b, path, ["-c", "128"])
+        try:
+            st, _, out = srv.request("GET", "/v1/models")
+            check(st == 200 and out["data"][0]["id"] == want,
+                  "a file name that is not UTF-8: /v1/models gives it with U+FFFD, cut whole",
+                  repr(out)[:300])
+            st, _, out = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+            check(st == 200 and out["model"] == want, "... and a completion carries it",
+                  repr(out)[:300])
+        finally:
+            rc = srv.stop(signal.SIGTERM)
+        check(rc == 0, "... and the server exits 0", f"exit {rc}")
+
+
 def closed_within(s, limit_s):
     """Whether the server closes s (recv gives nothing, or a reset) within
     limit_s seconds, reading and dropping whatever it sends first."""
@@ -722,6 +746,7 @@ def main():
     check(rc == 0 and any("SIGTERM" in l for l in srv.lines), "SIGTERM: the server exits 0",
           f"exit {rc}: {''.join(srv.lines)[-500:]}")
     test_api_key(b, model)
+    test_model_name(b, model)
     test_queue_and_leave(b, model, {"Authorization": "Bearer k"}, ["--api-key", "k"])
     test_stop_mid_stream(b, model)
     test_batched_steps(b, model)

@@ -11,6 +11,9 @@
  *   when the body has an integer one); temperature, top_p, min_p, top_k in
  *   their ranges (the sampler takes them); at most 4 stop strings, each
  *   non-empty and one of the body's "stop"; stream as the body says.
+ * And utf8_whole_len (serve.c's streams, error_json's cut messages) on the
+ * body's bytes, where they are UTF-8 up to a character cut short: it cuts
+ * exactly that character (a forward decoder here says where it starts).
  * The vocabulary and chat template are the shipped model's (loaded once, as
  * vocab_only). */
 #include "../../tools/cli/serve.h"
@@ -64,11 +67,37 @@ static bool from_body(json_t *body, const char *s) {
     return false;
 }
 
+/* Where the bytes s[0, n) stop being whole UTF-8 characters, decoding
+ * forward: n when they all are; the start of a last character cut short
+ * (its lead and only continuation bytes after it); -1 when anything else
+ * is wrong. Overlong forms and surrogates are not looked for. */
+static long utf8_cut_at(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        const uint8_t c = s[i];
+        const size_t want = c < 0x80                ? 1
+                            : c >= 0xc0 && c < 0xe0 ? 2
+                            : c >= 0xe0 && c < 0xf0 ? 3
+                            : c >= 0xf0 && c < 0xf8 ? 4
+                                                    : 0;
+        if (want == 0) return -1;
+        size_t k = 1;
+        while (k < want && i + k < n && (s[i + k] & 0xc0) == 0x80)
+            k++;
+        if (k < want) return i + k == n ? (long)i : -1;
+        i += want;
+    }
+    return (long)n;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     load_once();
+    const long cut = utf8_cut_at(data + 1, size - 1);
+    if (cut >= 0 && utf8_whole_len((const char *)data + 1, 0, size - 1) != (size_t)cut)
+        fail("utf8_whole_len does not cut the last character cut short");
     json_t *body = json_loadb((const char *)data + 1, size - 1, 0, NULL);
     if (!body) return 0;
     const request_env env = {.model = model,

@@ -157,16 +157,7 @@ static size_t stream_safe(const reply *p) {
                 break;
             }
     }
-    /* back to the start of the last character when it may be unfinished */
-    size_t lead = safe;
-    while (lead > p->sent && safe - lead < 4 && ((unsigned char)q->text[lead - 1] & 0xc0) == 0x80)
-        lead--;
-    if (lead > p->sent) {
-        const unsigned c = (unsigned char)q->text[lead - 1];
-        const size_t want = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-        if (c >= 0xc0 && lead - 1 + want > safe) safe = lead - 1;
-    }
-    return safe;
+    return utf8_whole_len(q->text, p->sent, safe);
 }
 
 static void out_append(reply *p, const char *bytes, size_t n) {
@@ -530,8 +521,14 @@ int cmd_serve(nm_model *model, const cli_options *o) {
     int rc = open_slots(&s);
     nm_model_info info;
     nm_model_get_info(model, &info);
-    const char *base = strrchr(o->model, '/');
-    snprintf(s.model_id, sizeof s.model_id, "%s", base ? base + 1 : o->model);
+    /* the file's name, its bytes that are not UTF-8 as U+FFFD (jansson
+     * refuses such strings, so every response would fail), cut short on a
+     * whole character */
+    const char *base = strrchr(o->model, '/'), *file = base ? base + 1 : o->model;
+    json_t *name = json_text(file, strlen(file));
+    snprintf(s.model_id, sizeof s.model_id, "%s", name ? json_string_value(name) : "model");
+    s.model_id[utf8_whole_len(s.model_id, 0, strlen(s.model_id))] = '\0';
+    json_decref(name);
     s.env = (request_env){.model = model,
                           .chat_template = o->chat_template,
                           .model_id = s.model_id,

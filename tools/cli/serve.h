@@ -56,6 +56,11 @@ json_t *parse_request(const request_env *env, json_t *body, gen_request *g, unsi
  * memory (then *buf is as it was). */
 bool text_append(char **buf, size_t *len, size_t *cap, const char *bytes, size_t n);
 
+/* len, or less: where s[0, len) ends inside a UTF-8 character that starts
+ * at or after from, the start of that character (a text cut short, or a
+ * stream's text before its last character is complete). */
+size_t utf8_whole_len(const char *s, size_t from, size_t len);
+
 /* ---- serve_metrics.c ---- */
 
 enum { ROUTE_COUNT = 6, STATUS_SLOTS = 24, TTFT_BUCKETS = 12, SPEED_BUCKETS = 11 };

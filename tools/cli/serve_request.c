@@ -13,18 +13,6 @@
 
 enum { HTTP_BAD_REQUEST = 400, HTTP_NOT_FOUND = 404 };
 
-/* Cuts s before a UTF-8 sequence left incomplete at its end. */
-static void cut_partial_utf8(char *s) {
-    const size_t len = strlen(s);
-    size_t i = len;
-    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
-        i--;
-    if (i == 0) return;
-    const unsigned char lead = (unsigned char)s[i - 1];
-    const size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-    if (len - (i - 1) < want) s[i - 1] = '\0';
-}
-
 /* {"error":{"message":..,"type":..,"param":null,"code":..}} */
 json_t *error_json(const char *type, const char *code, const char *fmt, ...) {
     char msg[512];
@@ -34,7 +22,7 @@ json_t *error_json(const char *type, const char *code, const char *fmt, ...) {
     va_end(ap);
     /* a message cut short (a long model name in it) may end inside a UTF-8
      * sequence, which jansson refuses: NULL here would read as no error */
-    if (n >= (int)sizeof msg) cut_partial_utf8(msg);
+    if (n >= (int)sizeof msg) msg[utf8_whole_len(msg, 0, strlen(msg))] = '\0';
     json_t *e = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", type,
                           "param", "code", code);
     if (!e) /* still not text jansson takes: the error without its details */
@@ -234,6 +222,17 @@ json_t *parse_request(const request_env *env, json_t *body, gen_request *g, unsi
                           env->n_ctx, n + (size_t)g->max_tokens, n, g->max_tokens);
     if (g->max_tokens < 0) g->max_tokens = room;
     return NULL;
+}
+
+size_t utf8_whole_len(const char *s, size_t from, size_t len) {
+    /* back over at most three continuation bytes to the character's lead */
+    size_t lead = len;
+    while (lead > from && len - lead < 3 && ((unsigned char)s[lead - 1] & 0xc0) == 0x80)
+        lead--;
+    if (lead == from) return len;
+    const unsigned c = (unsigned char)s[lead - 1];
+    const size_t want = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    return c >= 0xc0 && lead - 1 + want > len ? lead - 1 : len;
 }
 
 bool text_append(char **buf, size_t *len, size_t *cap, const char *bytes, size_t n) {
