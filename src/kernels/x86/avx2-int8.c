@@ -464,8 +464,13 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, int packed, 
      * addresses gcc keeps every row-and-t offset apart and reloads them) */
     const int8_t *xrow[RT_MAX];
     const nm_xblock *mrow[RT_MAX];
+    /* masked moves only where some lanes are not outputs (vmaskmovps
+     * stores are slow on AMD's cores) */
+    const int full = _mm256_movemask_ps(_mm256_castsi256_ps(cmask)) == 0xff;
     for (int r = 0; r < rt; r++) {
-        acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, cmask);
+        acc[r] = first  ? _mm256_setzero_ps()
+                 : full ? _mm256_loadu_ps(y + r * ldy)
+                        : _mm256_maskload_ps(y + r * ldy, cmask);
         xrow[r] = xq + r * ldq;
         mrow[r] = xm + r * ldm;
     }
@@ -481,7 +486,10 @@ ALWAYS_INLINE void tile(uint32_t type, int rt, const wblock *panel, int packed, 
         }
     }
     for (int r = 0; r < rt; r++)
-        _mm256_maskstore_ps(y + r * ldy, cmask, acc[r]);
+        if (full)
+            _mm256_storeu_ps(y + r * ldy, acc[r]);
+        else
+            _mm256_maskstore_ps(y + r * ldy, cmask, acc[r]);
 }
 
 /* One activation row against a whole group of the panel16 layout (src: its
