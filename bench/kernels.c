@@ -343,7 +343,8 @@ int main(int argc, char **argv) {
             break;
         }
     if (ci) fclose(ci);
-    double fma = 0, bf16 = 0, vnni = 0, i8avx2 = 0, bw1 = 0, bw2 = 0, tbf16 = 0, tint8 = 0;
+    double fma = 0, bf16 = 0, vnni = 0, i8avx2 = 0, i8flip = 0, bw1 = 0, bw2 = 0, tbf16 = 0,
+           tint8 = 0;
     const char *fma_isa = ""; /* " (AVX2)" where the FMA peak is the 8-lane one */
     if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX512)) {
         fma = nm_peak_fma_gflops();
@@ -362,13 +363,16 @@ int main(int argc, char **argv) {
         bw1 = nm_peak_read_gbs(1);
         bw2 = nm_peak_read_gbs(2);
     }
-    /* the avx2 variant's Q8_0 products with vpsignb (every x86 variant's CPU
-     * runs them) */
-    if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX2)) i8avx2 = nm_peak_int8_avx2_gops();
+    /* the avx2 variant's Q8_0 products, with vpsignb and with vpxor (every
+     * x86 variant's CPU runs them) */
+    if (peaks && nm_kernels_isa_supported(NM_KERNELS_AVX2)) {
+        i8avx2 = nm_peak_int8_avx2_gops(0);
+        i8flip = nm_peak_int8_avx2_gops(1);
+    }
     printf("# peaks (one core): FP32 FMA%s %.1f GFLOP/s, BF16 dot (vdpbf16ps) %.1f GFLOP/s, "
-           "int8 VNNI (vpdpbusd) %.1f GOP/s, int8 AVX2 (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) "
-           "%.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
-           fma_isa, fma, bf16, vnni, i8avx2, bw1, bw2);
+           "int8 VNNI (vpdpbusd) %.1f GOP/s, int8 AVX2 (vpsignb or vpxor, vpmaddubsw, vpmaddwd, "
+           "vpaddd) %.1f or %.1f GOP/s; memory read %.1f GB/s (1 thread), %.1f GB/s (2)\n",
+           fma_isa, fma, bf16, vnni, i8avx2, i8flip, bw1, bw2);
     printf("# AMX tile peaks (one core): tdpbf16ps %.1f GFLOP/s, tdpbssd %.1f GOP/s%s\n", tbf16,
            tint8, nm_kernels_amx_hardware() ? "" : " (no AMX here)");
     fma_peak = fma;

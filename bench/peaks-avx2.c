@@ -40,30 +40,42 @@ double nm_peak_fma_avx2_gflops(void) {
     return (double)ITERS * CHAINS * 8 * 2 / dt * 1e-9;
 }
 
-/* int8 products as the avx2 variant's Q8_0 matmul makes them for one to
- * four activation rows (more rows take vpxor instead of vpsignb: see
- * avx2-int8.c), with no VNNI: per 32 signed products a vpsignb (the activation codes take the
- * weight's sign), a vpmaddubsw (|w| times them, pairs summed into int16), a
- * vpmaddwd (pairs of those into int32) and a vpaddd; 6 independent
- * accumulators. The empty asm makes the weights new to the compiler each
- * iteration, so nothing is hoisted out of the loop. 2 ops per product. */
-double nm_peak_int8_avx2_gops(void) {
+/* int8 products as the avx2 variant's Q8_0 matmul makes them, with no
+ * VNNI: per 32 signed products the activation codes take the weight's sign
+ * (flip 0: vpsignb, as its tiles of one to four rows do; flip 1: vpxor with
+ * the mask of the weight's negative codes, as its tiles over a panel do,
+ * see avx2-int8.c), then a vpmaddubsw (|w| times them, pairs summed into
+ * int16), a vpmaddwd (pairs of those into int32) and a vpaddd; 6
+ * independent accumulators. The empty asm makes the weights new to the
+ * compiler each iteration, so nothing is hoisted out of the loop. 2 ops
+ * per product. */
+double nm_peak_int8_avx2_gops(int flip) {
     enum { ACC = 6 };
     __m256i acc[ACC], x[ACC]; /* a code vector per accumulator: nothing to share */
     __m256i w = _mm256_set1_epi8(-3), aw = _mm256_abs_epi8(w);
+    __m256i neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), w);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int c = 0; c < ACC; c++)
         acc[c] = _mm256_setzero_si256();
     for (int c = 0; c < ACC; c++)
         x[c] = _mm256_set1_epi8((char)(5 + c));
     const double t0 = now();
-    for (int i = 0; i < ITERS; i++) {
-        __asm__("" : "+x"(w), "+x"(aw));
-        for (int c = 0; c < ACC; c++) {
-            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[c], w));
-            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(p, ones));
+    if (flip)
+        for (int i = 0; i < ITERS; i++) {
+            __asm__("" : "+x"(neg), "+x"(aw));
+            for (int c = 0; c < ACC; c++) {
+                const __m256i p = _mm256_maddubs_epi16(aw, _mm256_xor_si256(x[c], neg));
+                acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(p, ones));
+            }
         }
-    }
+    else
+        for (int i = 0; i < ITERS; i++) {
+            __asm__("" : "+x"(w), "+x"(aw));
+            for (int c = 0; c < ACC; c++) {
+                const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[c], w));
+                acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(p, ones));
+            }
+        }
     const double dt = now() - t0;
     int32_t sink = 0, lanes[8];
     for (int c = 0; c < ACC; c++) {
@@ -124,7 +136,10 @@ double nm_peak_read_gbs(int n_threads) {
 }
 #else
 double nm_peak_fma_avx2_gflops(void) { return 0; }
-double nm_peak_int8_avx2_gops(void) { return 0; }
+double nm_peak_int8_avx2_gops(int flip) {
+    (void)flip;
+    return 0;
+}
 double nm_peak_read_gbs(int n_threads) {
     (void)n_threads;
     return 0;

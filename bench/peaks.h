@@ -6,9 +6,9 @@ double nm_peak_fma_gflops(void);        /* one core, FP32 FMA, 2 flops per lane 
 double nm_peak_fma_avx2_gflops(void);   /* the same on 8-lane AVX2 vectors */
 double nm_peak_bf16_dot_gflops(void);   /* one core, vdpbf16ps, 2 flops per product */
 double nm_peak_vnni_gops(void);         /* one core, vpdpbusd, 2 ops per product */
-/* one core, signed int8 products without VNNI (vpsignb, vpmaddubsw,
- * vpmaddwd, vpaddd per 32), 2 ops per product */
-double nm_peak_int8_avx2_gops(void);
+/* one core, signed int8 products without VNNI (vpsignb, or with flip
+ * vpxor, then vpmaddubsw, vpmaddwd, vpaddd per 32), 2 ops per product */
+double nm_peak_int8_avx2_gops(int flip);
 double nm_peak_read_gbs(int n_threads); /* memory read, GB/s */
 /* one core, tdpbf16ps and tdpbssd, 2 ops per product; call only where the
  * CPU has AMX and the kernel granted the tile state */
