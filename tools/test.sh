@@ -41,12 +41,25 @@ fi
 
 export NM_REQUIRE_VULKAN=1
 
-echo "== release build (-Werror)"
+# Each step's name with the time, and at the end the seconds each took
+# (CI's budget is 40 minutes; its log shows what to trim).
+step_times=()
+step_name=""
+step_start=$SECONDS
+step() {
+    [ -z "$step_name" ] || step_times+=("$(printf '%5d s  %s' $((SECONDS - step_start)) "$step_name")")
+    step_name=$1
+    step_start=$SECONDS
+    [ -z "$1" ] || echo "== $1   [$(date -u +%H:%M:%S) UTC, ${SECONDS} s in]"
+}
+
+step "release build (-Werror)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_VULKAN=ON -DNM_SERVE=ON
 cmake --build build/release -j "$jobs"
+step "release tests"
 ctest --test-dir build/release --output-on-failure -j "$jobs"
 
-echo "== install: examples/simple.c built against the installed library (pkg-config, find_package)"
+step "install: examples/simple.c built against the installed library (pkg-config, find_package)"
 # The static library, header, command and package files installed into a
 # temporary prefix; the example built from them alone must print what
 # `npumoe run --temp 0` prints (tests/install/check_simple.sh). Then a shared
@@ -95,32 +108,39 @@ bash tests/install/check_simple.sh "$prefix/simple-shared" "$prefix/shared/bin/n
 rm -rf "$prefix"
 trap - EXIT
 
-echo "== emulated AMX tiles (NM_AMX_EMULATE): the model and static-path tests with the amx variant"
+step "emulated AMX tiles (NM_AMX_EMULATE) build: the model and static-path tests with the amx variant"
 # The tile instructions in C (src/kernels/x86/amx-tile.h), so that the amx
 # variant's layouts and loops are tested on every CPU that runs avx512vnni
 # (elsewhere the amx tests are skipped, as for any variant the CPU lacks).
 cmake -S . -B build/amx-emu -DCMAKE_BUILD_TYPE=Release -DNM_WERROR=ON -DNM_AMX_EMULATE=ON
 amx_tests=(test_model test_quant_models test_kernels_variants test_static test_device)
 cmake --build build/amx-emu -j "$jobs" --target "${amx_tests[@]}"
+step "emulated AMX tiles tests"
 NPUMOE_KERNELS=amx ctest --test-dir build/amx-emu --output-on-failure -j "$jobs" \
     -R "^(test_model_amx|test_quant_models_amx|test_kernels_variants|test_static|test_device)\$"
 
-echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+step "AddressSanitizer + UndefinedBehaviorSanitizer build"
 cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_SANITIZE=ON \
     -DNM_SERVE=ON
 cmake --build build/asan -j "$jobs"
+step "AddressSanitizer + UndefinedBehaviorSanitizer tests"
 ctest --test-dir build/asan --output-on-failure -j "$jobs"
 
-echo "== ThreadSanitizer: the tests that run the thread pool, the kernel scratch of threads, the cpu device, the executor, the repacking at load, batched decoding and routing over the pool"
+step "ThreadSanitizer build: the tests that run the thread pool, the kernel scratch of threads, the cpu device, the executor, the repacking at load, batched decoding and routing over the pool"
 cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON -DNM_TSAN=ON
 tsan_tests=(test_kernels test_kernel_scratch test_model test_static test_device test_quant_models test_batch
             test_arch)
 cmake --build build/tsan -j "$jobs" --target "${tsan_tests[@]}"
+step "ThreadSanitizer tests"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j "$jobs" \
     -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
 
-echo "== libFuzzer (${fuzz_seconds}s per target)"
+step "libFuzzer build"
 CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON \
     -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON
 cmake --build build/fuzz -j "$jobs"
+step "libFuzzer runs (${fuzz_seconds}s per target)"
 ctest --test-dir build/fuzz --output-on-failure -L fuzz
+step ""
+echo "== every test passed, in ${SECONDS} s:"
+printf '%s\n' "${step_times[@]}"
