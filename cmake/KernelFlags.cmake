@@ -7,6 +7,9 @@
 # gcc ASan+UBSan build tests them instrumented, all but avx512vnni.c with
 # UBSan too: with it, gcc 12 took 27 minutes and 3.3 GB to compile that file
 # (-O2 -g; ASan alone 4.5 minutes, neither 3), which made CI run past its time.
+# With NM_SANITIZE_AVX512_KERNELS=OFF (tools/test.sh, on a CPU without
+# AVX-512) the AVX-512 and AMX files are not instrumented in the sanitizer
+# builds either: no test runs their code there.
 function(nm_set_kernel_flags)
   set(no_san "")
   set(no_ubsan "")
@@ -14,6 +17,11 @@ function(nm_set_kernel_flags)
     set(no_san ";-fno-sanitize=all")
   elseif(NM_SANITIZE)
     set(no_ubsan ";-fno-sanitize=undefined")
+  endif()
+  set(no_san512 "${no_san}")
+  if(NOT NM_SANITIZE_AVX512_KERNELS AND (NM_SANITIZE OR NM_TSAN))
+    set(no_san512 ";-fno-sanitize=all")
+    set(no_ubsan "")
   endif()
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx2.c PROPERTIES
@@ -24,25 +32,25 @@ function(nm_set_kernel_flags)
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/attention.c PROPERTIES
                                 COMPILE_OPTIONS "-mavx2;-mfma;-mf16c${no_san}")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/attention-avx512.c PROPERTIES
-                                COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c${no_san}")
+                                COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c${no_san512}")
     # no -mfma: its multiplies and adds must stay apart, as ref.c's
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/swiglu.c PROPERTIES
                                 COMPILE_OPTIONS "-mavx2${no_san}")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512.c PROPERTIES
-                                COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c${no_san}")
+                                COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c${no_san512}")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512bf16.c PROPERTIES
                                 COMPILE_OPTIONS
-                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mfma;-mf16c${no_san}")
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mfma;-mf16c${no_san512}")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx512vnni.c PROPERTIES
                                 COMPILE_OPTIONS
-                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c${no_san}${no_ubsan}")
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c${no_san512}${no_ubsan}")
     # amx.c: the tile instructions; amx-emu.c: the same source with them
     # emulated (no AMX flags, so nothing there can emit one)
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/amx.c PROPERTIES
                                 COMPILE_OPTIONS
-                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c;-mamx-tile;-mamx-int8;-mamx-bf16${no_san}")
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c;-mamx-tile;-mamx-int8;-mamx-bf16${no_san512}")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/amx-emu.c PROPERTIES
                                 COMPILE_OPTIONS
-                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c${no_san}")
+                                "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mfma;-mf16c${no_san512}")
   endif()
 endfunction()
