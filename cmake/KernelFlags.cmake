@@ -21,7 +21,6 @@ function(nm_set_kernel_flags)
   set(no_san512 "${no_san}")
   if(NOT NM_SANITIZE_AVX512_KERNELS AND (NM_SANITIZE OR NM_TSAN))
     set(no_san512 ";-fno-sanitize=all")
-    set(no_ubsan "")
   endif()
   if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     set_source_files_properties(${CMAKE_SOURCE_DIR}/src/kernels/x86/avx2.c PROPERTIES
