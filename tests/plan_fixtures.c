@@ -214,7 +214,6 @@ static void check_invariants(const nm_plan *p, const nm_calib *c, const nm_plan_
     CHECK_NEAR(p->predicted_drop_rate, over / per_chunk, 1e-12);
 }
 
-/* The defaults with the quantile objective. */
 nm_plan_params qparams(void) {
     nm_plan_params pp = nm_plan_default_params();
     pp.objective = NM_PLAN_QUANTILE;

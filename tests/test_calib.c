@@ -5,9 +5,7 @@
  * load. */
 #include "plan_fixtures.h"
 
-#include "base/base.h"
 #include "engine/engine.h"
-#include "gguf/gguf.h"
 #include "model/model.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"

@@ -9,7 +9,6 @@
 #include "gguf/gguf.h"
 #include "tensor/tensor.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 

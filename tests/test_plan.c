@@ -5,15 +5,12 @@
  * the device's row granule. */
 #include "plan_fixtures.h"
 
-#include "base/base.h"
 #include "engine/engine.h"
-#include "gguf/gguf.h"
 #include "model/model.h"
 #include "plan/plan.h"
 #include "tensor/tensor.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define TMP(name) NM_BUILD_DIR "/test_plan_" name

@@ -8,10 +8,8 @@
 
 #include "base/base.h"
 #include "engine/engine.h"
-#include "gguf/gguf.h"
 #include "model/model.h"
 #include "plan/plan.h"
-#include "tensor/tensor.h"
 
 #include <math.h>
 #include <stdlib.h>
