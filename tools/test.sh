@@ -133,8 +133,8 @@ else
 fi
 
 # The AVX-512 and AMX kernel files are instrumented only where the CPU runs
-# AVX-512: elsewhere no test runs their code, and instrumenting it took
-# minutes of each sanitizer build.
+# AVX-512: elsewhere no test or fuzzer runs their code, and instrumenting it
+# took minutes of each sanitizer build.
 san512=ON
 cpu_runs avx512 || san512=OFF
 
@@ -157,7 +157,7 @@ TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j 
 
 step "libFuzzer build"
 CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNM_WERROR=ON \
-    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON
+    -DNM_SANITIZE=ON -DNM_FUZZ=ON -DNM_TESTS=ON -DNM_SANITIZE_AVX512_KERNELS=$san512
 cmake --build build/fuzz -j "$jobs"
 step "libFuzzer runs (${fuzz_seconds}s per target)"
 ctest --test-dir build/fuzz --output-on-failure -L fuzz
